@@ -1,0 +1,211 @@
+"""GRPO policy-gradient loss for training from a replay buffer.
+
+Deviations from vanilla GRPO (DeepSeekMath, Shao et al. 2024):
+
+1. No KL term by default. ``kl_coef > 0`` adds the k3 estimator of KL(pi_theta || pi_ref)
+   against a reference policy (``exp(ref - logp) - (ref - logp) - 1`` per token), as in the
+   original; with the default ``kl_coef = 0`` no reference model is needed.
+2. Advantages are frozen at generation time (see ``group_advantages``): stored with the rollout
+   and never recomputed when it is replayed.
+3. The importance ratio is taken against the STORED behaviour log-prob of the policy that
+   generated the rollout (``RolloutBatch.behaviour_logp_BxC``), which may be several policy
+   versions old when the rollout is replayed. It is never recomputed with "old" weights, so the
+   ratio also corrects for staleness, and the clip bounds how far a replayed sample can push.
+4. Asymmetric clipping ``clip(ratio, 1 - eps_low, 1 + eps_high)``; defaults 0.2 / 0.2 reproduce
+   the symmetric PPO clip (DAPO's "clip-higher" uses e.g. eps_high = 0.28).
+5. Training batches are drawn per rollout from a buffer, so one batch mixes rollouts from
+   different prompt groups and of different ages; a group need not be complete in a batch.
+6. Token-level aggregation by default. ``agg`` selects how per-token terms become a scalar:
+   - ``"token_mean"`` (default, DAPO): sum over all valid tokens of the batch / their number;
+     every token weighs the same, long sequences weigh more.
+   - ``"seq_mean"`` (original GRPO): mean over each sequence's valid tokens, then mean over the
+     sequences that have any; every sequence weighs the same.
+   - ``"seq_sum_norm"`` (Dr.GRPO): sum over valid tokens / (B * norm_len), with ``norm_len`` a
+     constant such as max_new_tokens; no per-sequence length normalisation bias.
+7. A single gradient step per batch: no inner PPO epochs over the same batch (reuse comes from
+   the buffer instead).
+
+Everything here is a pure function: tensors in, ``(loss, detached stats)`` out; no config reads.
+Padding (``mask False``) may hold arbitrary garbage (0, -inf, nan); it is replaced before any
+arithmetic so it reaches neither the loss, the gradients, nor the stats.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGG_MODES = ("token_mean", "seq_mean", "seq_sum_norm")
+
+_ENTROPY_CHUNK_ROWS = 8  # rows of (C, V) processed at once by the no-grad entropy
+
+
+def token_logprobs(
+    logits_BxCxV: Tensor, ids_BxC: Tensor, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Log-prob of ``ids`` and per-token entropy under ``softmax(logits / temperature)``.
+
+    Returns ``(logp_BxC, entropy_BxC)``, float32. ``logp_BxC`` is differentiable w.r.t. the
+    logits; ``entropy_BxC`` is a detached statistic (computed without autograd, in row chunks,
+    so it never materialises another full BxCxV tensor).
+
+    Memory: besides the input, one float32 BxCxV tensor (the log-softmax) is kept alive; the
+    temperature-scaled copy (only if ``temperature != 1`` or the input is not float32) is freed
+    as soon as the log-softmax exists, since log_softmax's backward needs only its output.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits_BxCxV.shape[:-1] != ids_BxC.shape:
+        raise ValueError(
+            f"logits {tuple(logits_BxCxV.shape)} and ids {tuple(ids_BxC.shape)} disagree on (B, C)"
+        )
+    z_BxCxV = logits_BxCxV.float()
+    if temperature != 1.0:
+        z_BxCxV = z_BxCxV / temperature
+    logp_all_BxCxV = torch.log_softmax(z_BxCxV, dim=-1)
+    del z_BxCxV
+    logp_BxC = logp_all_BxCxV.gather(-1, ids_BxC.long().unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy_BxC = torch.empty(ids_BxC.shape, dtype=torch.float32, device=ids_BxC.device)
+        for i in range(0, ids_BxC.shape[0], _ENTROPY_CHUNK_ROWS):
+            lp = logp_all_BxCxV[i : i + _ENTROPY_CHUNK_ROWS]
+            # -sum p log p; clamping -inf to the smallest float makes p * log p = 0 * finite = 0
+            lp_finite = lp.clamp(min=torch.finfo(lp.dtype).min)
+            entropy_BxC[i : i + _ENTROPY_CHUNK_ROWS] = -(lp.exp() * lp_finite).sum(-1)
+    return logp_BxC, entropy_BxC
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is True (optionally along ``dim``).
+
+    Masked-out entries may hold anything (nan, inf); they are replaced by 0 before summing.
+    An empty selection gives 0, not nan.
+    """
+    mask = mask.bool()
+    x_sel = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if dim is None:
+        return x_sel.sum() / mask.sum().clamp(min=1)
+    return x_sel.sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def aggregate(loss_BxC: Tensor, mask_BxC: Tensor, mode: str, norm_len: int | None = None) -> Tensor:
+    """Reduce per-token terms to a scalar over valid tokens (see module docstring, item 6).
+
+    ``"token_mean"``: sum of valid tokens / number of valid tokens in the batch.
+    ``"seq_mean"``: per-sequence mean over its valid tokens, then the mean over sequences with at
+    least one valid token (an empty row has no mean and is left out).
+    ``"seq_sum_norm"``: sum of valid tokens / (B * ``norm_len``); ``norm_len`` is required.
+    Rows or batches with no valid tokens contribute 0, never nan.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; valid modes are {AGG_MODES}")
+    mask_BxC = mask_BxC.bool()
+    if mode == "token_mean":
+        return masked_mean(loss_BxC, mask_BxC)
+    if mode == "seq_mean":
+        seq_B = masked_mean(loss_BxC, mask_BxC, dim=1)
+        return masked_mean(seq_B, mask_BxC.any(dim=1))
+    if norm_len is None or norm_len <= 0:
+        raise ValueError(f"aggregation 'seq_sum_norm' needs a positive norm_len, got {norm_len}")
+    zero = torch.zeros((), dtype=loss_BxC.dtype, device=loss_BxC.device)
+    return torch.where(mask_BxC, loss_BxC, zero).sum() / (max(loss_BxC.shape[0], 1) * norm_len)
+
+
+def grpo_loss(
+    logp_BxC: Tensor,
+    behaviour_logp_BxC: Tensor,
+    advantage_B: Tensor,
+    mask_BxC: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+    kl_coef: float = 0.0,
+    ref_logp_BxC: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped GRPO surrogate loss (to minimise) and detached stats over valid tokens.
+
+    ``ratio = exp(logp - behaviour_logp)``; per token the objective is
+    ``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and
+    ``loss = -aggregate(objective) + kl_coef * aggregate(k3)`` with
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (only when ``kl_coef > 0``).
+    Gradients flow only into ``logp_BxC``; behaviour/ref log-probs and advantages are constants.
+
+    Stats (python floats): ``pg_loss`` (the policy-gradient part of the loss), ``clip_frac``
+    (valid tokens whose gradient the clip zeroes: ``clip_frac_low`` = ratio < 1 - eps_low with
+    A < 0, plus ``clip_frac_high`` = ratio > 1 + eps_high with A > 0), ``ratio_mean`` /
+    ``ratio_min`` / ``ratio_max`` (1.0 if there are no valid tokens), ``approx_kl`` (token mean of
+    ``(ratio - 1) - log(ratio)``, the k3 estimate of KL(behaviour || current)) and, when
+    ``kl_coef > 0``, ``kl_ref`` (the aggregated k3 term, so loss = pg_loss + kl_coef * kl_ref).
+    """
+    if logp_BxC.shape != behaviour_logp_BxC.shape or logp_BxC.shape != mask_BxC.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp_BxC.shape)}, behaviour_logp "
+            f"{tuple(behaviour_logp_BxC.shape)}, mask {tuple(mask_BxC.shape)}"
+        )
+    if advantage_B.shape != logp_BxC.shape[:1]:
+        raise ValueError(
+            f"advantage_B {tuple(advantage_B.shape)} must be (B,) with B={logp_BxC.shape[0]}"
+        )
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"clip eps must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if kl_coef > 0 and ref_logp_BxC is None:
+        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
+
+    mask_BxC = mask_BxC.bool()
+    zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
+    # Replace padding BEFORE any arithmetic: exp(garbage) = inf would turn into 0 * inf = nan
+    # in the backward pass even if the forward masked it out afterwards.
+    logp_BxC = torch.where(mask_BxC, logp_BxC.float(), zero)
+    behaviour_BxC = torch.where(mask_BxC, behaviour_logp_BxC.detach().float(), zero)
+    adv_Bx1 = advantage_B.detach().float().unsqueeze(1)
+
+    log_ratio_BxC = logp_BxC - behaviour_BxC
+    ratio_BxC = torch.exp(log_ratio_BxC)
+    unclipped_BxC = ratio_BxC * adv_Bx1
+    clipped_BxC = torch.clamp(ratio_BxC, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
+    objective_BxC = torch.minimum(unclipped_BxC, clipped_BxC)
+    pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
+    loss = pg_loss
+
+    kl_ref = None
+    if kl_coef > 0:
+        assert ref_logp_BxC is not None
+        ref_BxC = torch.where(mask_BxC, ref_logp_BxC.detach().float(), zero)
+        d_BxC = ref_BxC - logp_BxC
+        k3_BxC = torch.exp(d_BxC) - d_BxC - 1.0
+        kl_ref = aggregate(k3_BxC, mask_BxC, agg, norm_len)
+        loss = loss + kl_coef * kl_ref
+
+    with torch.no_grad():
+        ratio = ratio_BxC.detach()
+        low_BxC = (ratio < 1.0 - eps_low) & (adv_Bx1 < 0) & mask_BxC
+        high_BxC = (ratio > 1.0 + eps_high) & (adv_Bx1 > 0) & mask_BxC
+        has_valid = mask_BxC.any()  # no-valid-token batches report ratio stats of 1.0
+        one = torch.ones((), dtype=torch.float32, device=ratio.device)
+        if mask_BxC.numel() == 0:  # e.g. C = 0 after RolloutBatch.trimmed() of empty rows
+            ratio_min = ratio_max = one
+        else:
+            ratio_min = torch.where(has_valid, torch.where(mask_BxC, ratio, torch.inf).min(), one)
+            ratio_max = torch.where(has_valid, torch.where(mask_BxC, ratio, -torch.inf).max(), one)
+        ratio_mean = torch.where(has_valid, masked_mean(ratio, mask_BxC), one)
+        names = ["pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high"]
+        values = [
+            pg_loss.detach(),
+            masked_mean((low_BxC | high_BxC).float(), mask_BxC),
+            masked_mean(low_BxC.float(), mask_BxC),
+            masked_mean(high_BxC.float(), mask_BxC),
+        ]
+        names += ["ratio_mean", "ratio_min", "ratio_max", "approx_kl"]
+        values += [
+            ratio_mean,
+            ratio_min,
+            ratio_max,
+            masked_mean((ratio - 1.0) - log_ratio_BxC.detach(), mask_BxC),
+        ]
+        if kl_ref is not None:
+            names.append("kl_ref")
+            values.append(kl_ref.detach())
+        stats = dict(zip(names, torch.stack(values).float().tolist(), strict=True))
+    return loss, stats

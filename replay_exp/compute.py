@@ -1,0 +1,106 @@
+"""The compute ledger: every logged row carries cumulative totals in three currencies.
+
+1. Paper units (Arnal et al.): a step that trains on B_t samples and generates R_t rollouts
+   costs (B_t + mu R_t) forward-backward sample units. We normalise by one on-policy step at
+   the configured batch size, B (1 + mu), so the on-policy baseline costs exactly 1 per step and
+   a replay step with reuse ratio y = B/R costs (1 + mu / y) / (1 + mu). ``compute.mu`` is taken
+   from the config (the paper measured 6.84 for Qwen3-0.6B and 5.28 for Qwen2.5-7B on GPUs).
+2. Analytic FLOPs: forward = 2 N T + 2 L d T^2 for a sequence of T real tokens (N = parameters
+   that do matmul work per token: everything but the input embedding, plus the tied output
+   head; the attention term counts QK^T and AV under a causal mask). Generation with a KV
+   cache costs one forward over prompt + completion; a training step costs 3 forwards
+   (forward + backward). Padding is not counted.
+3. Measured wall seconds for generation, training and evaluation, and the mu they imply:
+   (seconds per generated rollout) / (seconds per trained sample).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+def flop_params(model: torch.nn.Module) -> int:
+    """Parameters that cost 2 FLOPs per token in a forward pass (see module docstring)."""
+    emb = model.get_input_embeddings().weight
+    n = sum(p.numel() for p in model.parameters() if p is not emb)
+    tied = model.get_output_embeddings() is not None and model.get_output_embeddings().weight is emb
+    return n + (emb.numel() if tied else 0)
+
+
+def forward_flops(n_params: int, n_layers: int, hidden: int, lengths: torch.Tensor) -> float:
+    """Analytic forward FLOPs of sequences with the given real-token ``lengths``."""
+    T = lengths.double()
+    return float((2 * n_params * T + 2 * n_layers * hidden * T * T).sum())
+
+
+@dataclass
+class Ledger:
+    mu: float
+    batch_size: int  # B of the config: normalises paper units
+    n_params: int
+    n_layers: int
+    hidden: int
+    rollouts: int = 0  # unique rollouts generated
+    samples_trained: int = 0  # rollouts trained on, repeats included
+    gen_tokens: int = 0  # completion tokens generated
+    train_tokens: int = 0  # completion tokens trained on (loss tokens)
+    sample_units: float = 0.0  # sum of (B_t + mu R_t)
+    paper_units: float = 0.0  # sample_units / (B (1 + mu))
+    flops_gen: float = 0.0
+    flops_train: float = 0.0
+    seconds_gen: float = 0.0
+    seconds_train: float = 0.0
+    seconds_eval: float = 0.0
+
+    def add_generation(self, lengths: torch.Tensor, gen_tokens: int, seconds: float) -> None:
+        """``lengths``: prompt + completion real tokens per generated rollout."""
+        self.rollouts += len(lengths)
+        self.gen_tokens += gen_tokens
+        self.sample_units += self.mu * len(lengths)
+        self.flops_gen += forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
+        self.seconds_gen += seconds
+        self._normalise()
+
+    def add_training(self, lengths: torch.Tensor, loss_tokens: int, seconds: float) -> None:
+        """``lengths``: prompt + completion real tokens per trained sample."""
+        self.samples_trained += len(lengths)
+        self.train_tokens += loss_tokens
+        self.sample_units += len(lengths)
+        self.flops_train += 3 * forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
+        self.seconds_train += seconds
+        self._normalise()
+
+    def add_eval(self, seconds: float) -> None:
+        self.seconds_eval += seconds
+
+    def _normalise(self) -> None:
+        self.paper_units = self.sample_units / (self.batch_size * (1 + self.mu))
+
+    def measured_mu(self) -> float | None:
+        if not (self.rollouts and self.samples_trained and self.seconds_train > 0):
+            return None
+        per_rollout = self.seconds_gen / self.rollouts
+        per_sample = self.seconds_train / self.samples_trained
+        return per_rollout / per_sample
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("mu", "batch_size", "n_params", "n_layers", "hidden")
+        }
+        out["flops"] = self.flops_gen + self.flops_train
+        out["seconds"] = self.seconds_gen + self.seconds_train + self.seconds_eval
+        mu = self.measured_mu()
+        if mu is not None:
+            out["measured_mu"] = mu
+        return out
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)

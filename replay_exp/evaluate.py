@@ -1,0 +1,81 @@
+"""Held-out evaluation: pass@1 (greedy or low temperature), pass@k, policy entropy."""
+
+from __future__ import annotations
+
+from math import comb
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from replay_exp.algo import masked_mean
+from replay_exp.rollout import Generator, SamplingParams
+from replay_exp.rollout.collect import score, tokenize_prompts
+from replay_exp.tasks import Problem, Task
+from replay_exp.types import RolloutBatch
+from replay_exp.update import policy_logprobs
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)
+    (Chen et al., 2021). Requires 1 <= k <= n."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@torch.no_grad()
+def evaluate(
+    generator: Generator,
+    policy: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: list[Problem],
+    ecfg,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """Metrics of the current policy on ``problems`` (keys without the ``eval/`` prefix).
+
+    - ``pass@1``: one sample per problem at ``pass1_temperature`` (0 = greedy).
+    - ``pass@k``: unbiased estimator from ``n_samples`` samples at ``sample_temperature``.
+    - ``entropy``: mean per-token entropy of the policy (temperature 1) on those samples.
+    """
+    out: dict[str, float] = {}
+    ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in problems])
+    p1 = SamplingParams(ecfg.pass1_temperature, ecfg.pass1_top_p, max_new_tokens)
+    gen = generator.generate(ids, mask, p1, seed)
+    out["pass@1"] = float(score(tokenizer, task, problems, gen).mean())
+
+    n = ecfg.n_samples
+    rep = [p for p in problems for _ in range(n)]
+    ids_r, mask_r = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+    pk = SamplingParams(ecfg.sample_temperature, ecfg.sample_top_p, max_new_tokens)
+    gen = generator.generate(ids_r, mask_r, pk, seed + 1)
+    correct = score(tokenizer, task, rep, gen).view(len(problems), n).sum(dim=1)
+    for k in ecfg.pass_k:
+        out[f"pass@{k}_sampled"] = sum(pass_at_k(n, int(c), k) for c in correct) / len(problems)
+    out["sample_reward"] = float(correct.sum()) / (n * len(problems))
+    out["response_len"] = float(gen.completion_mask_BxC.sum(dim=1).float().mean())
+
+    zeros = torch.zeros(len(rep))
+    batch = RolloutBatch(
+        prompt_ids_BxP=ids_r,
+        prompt_mask_BxP=mask_r,
+        completion_ids_BxC=gen.completion_ids_BxC,
+        completion_mask_BxC=gen.completion_mask_BxC,
+        behaviour_logp_BxC=gen.behaviour_logp_BxC,
+        reward_B=zeros,
+        advantage_B=zeros,
+        version_B=zeros.long(),
+        created_step_B=zeros.long(),
+        group_id_B=zeros.long(),
+        uid_B=zeros.long(),
+    )
+    was_training = policy.training
+    policy.eval()
+    _, entropy_BxC = policy_logprobs(policy, batch)
+    policy.train(was_training)
+    out["entropy"] = float(masked_mean(entropy_BxC, gen.completion_mask_BxC.to(entropy_BxC.device)))
+    return out

@@ -1,0 +1,45 @@
+"""Policy models: tiny from-config models with a cached supervised warm start, or any
+``from_pretrained`` directory / hub id."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from replay_exp.models.tiny import build_tiny_model, count_params, load_pretrained
+from replay_exp.models.tokenizer import build_char_tokenizer, load_tokenizer
+from replay_exp.models.warm_start import cached_warm_start
+from replay_exp.tasks import Task
+
+__all__ = [
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "count_params",
+    "load_policy",
+    "load_pretrained",
+    "load_tokenizer",
+]
+
+
+def load_policy(
+    mcfg: Any, task_cfg: Any, task: Task, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The initial policy and its tokenizer, and where they were loaded from.
+
+    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)``.
+    - otherwise a tiny model of ``model.arch`` with a char tokenizer; with
+      ``model.warm_start.steps > 0`` it is warm-started (cached) and loaded back from the cache
+      with ``from_pretrained``; with 0 steps it is the random init (seed ``warm_start.seed``).
+    """
+    if mcfg.pretrained:
+        model, tok = load_pretrained(mcfg.pretrained, mcfg.dtype)
+        return model.to(device), tok, str(mcfg.pretrained)
+    tok = build_char_tokenizer()
+    build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)
+    if mcfg.warm_start.steps == 0:
+        return build().to(device), tok, "random-init"
+    path = cached_warm_start(build, mcfg, task_cfg, task, tok, device)
+    model, tok = load_pretrained(path, mcfg.dtype)
+    return model.to(device), tok, str(path)

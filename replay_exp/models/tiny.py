@@ -1,0 +1,63 @@
+"""Tiny causal LMs built from a transformers config (random init), and hub-style loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from replay_exp.models.tokenizer import load_tokenizer
+
+ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
+    """A randomly initialised model of architecture ``mcfg.arch`` sized by ``mcfg``."""
+    config_cls, model_cls = ARCHS[mcfg.arch]
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=mcfg.hidden_size,
+        intermediate_size=mcfg.intermediate_size,
+        num_hidden_layers=mcfg.num_layers,
+        num_attention_heads=mcfg.num_heads,
+        num_key_value_heads=mcfg.num_heads,
+        max_position_embeddings=mcfg.max_position_embeddings,
+        tie_word_embeddings=mcfg.tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.to(DTYPES[mcfg.dtype])
+
+
+def load_pretrained(
+    path: str | Path, dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model and its tokenizer with ``from_pretrained`` (a local dir or a hub id).
+
+    The warm-started embedded model is loaded through this same path from its cache dir."""
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model, load_tokenizer(path)
+
+
+def count_params(model: torch.nn.Module, non_embedding: bool = False) -> int:
+    """Parameter count; ``non_embedding`` leaves out the input embedding table (and a tied
+    output head), as in the usual 2N / 6N FLOP estimates."""
+    n = sum(p.numel() for p in model.parameters())
+    if non_embedding:
+        n -= model.get_input_embeddings().weight.numel()
+    return n

@@ -1,0 +1,145 @@
+"""Supervised warm start of the embedded model, cached on disk.
+
+RL needs a policy that already solves some problems: the tiny model is first trained with
+teacher forcing on the task's training split (loss on the answer and EOS tokens only). The
+result is saved with ``save_pretrained`` under ``cache_dir/<key>``, where ``key`` hashes
+everything that affects it (model sizes, tokenizer vocab, task config, warm-start settings,
+library versions, and :data:`WARM_START_VERSION`), so a second run loads it at once through
+``from_pretrained``, the same path hub models use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from omegaconf import OmegaConf
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from replay_exp.tasks import Task
+
+log = logging.getLogger(__name__)
+
+WARM_START_VERSION = 1  # bump when the supervised loop changes what it produces
+
+
+def cache_key(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> str:
+    model_part = OmegaConf.to_container(mcfg, resolve=True)
+    model_part["warm_start"].pop("cache_dir")
+    model_part.pop("name")
+    payload = {
+        "model": model_part,
+        "task": OmegaConf.to_container(task_cfg, resolve=True),
+        "vocab": sorted(tokenizer.get_vocab().items()),
+        "versions": [torch.__version__, transformers.__version__, WARM_START_VERSION],
+    }
+    blob = json.dumps(payload, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def encode_supervised(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], answers: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded [BOS prompt answer EOS] ids, attention mask and labels (-100 off answer)."""
+    rows, label_rows = [], []
+    for p, a in zip(prompts, answers, strict=True):
+        p_ids = tokenizer(p)["input_ids"]  # BOS + prompt
+        a_ids = tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p_ids + a_ids)
+        label_rows.append([-100] * len(p_ids) + a_ids)
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), L), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for i, (r, lab) in enumerate(zip(rows, label_rows, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        labels[i, : len(lab)] = torch.tensor(lab)
+        mask[i, : len(r)] = 1
+    return ids, mask, labels
+
+
+def supervised_train(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    device: str = "cpu",
+) -> list[float]:
+    """Teacher-forced training on ``steps`` batches of training problems; returns the losses."""
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):
+        problems = task.sample_train(rng, batch_size)
+        answers = [task.demonstration(p, rng) for p in problems]
+        ids, mask, labels = encode_supervised(tokenizer, [p.prompt for p in problems], answers)
+        out = model(
+            input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)
+        )
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(out.loss.item())
+    model.eval()
+    return losses
+
+
+def cached_warm_start(
+    build_model,
+    mcfg: Any,
+    task_cfg: Any,
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    device: str = "cpu",
+) -> Path:
+    """Return the directory of the warm-started model, training and saving it if needed.
+
+    ``build_model()`` returns a fresh randomly initialised model. Writes are atomic (a temporary
+    directory renamed into place), so concurrent runs never read a half-written checkpoint."""
+    ws = mcfg.warm_start
+    root = Path(os.path.expanduser(ws.cache_dir))
+    key = cache_key(mcfg, task_cfg, tokenizer)
+    target = root / key
+    if (target / "warm_start.json").is_file():
+        log.info("warm start: cached %s", target)
+        return target
+    log.info("warm start: %d supervised steps (cached afterwards in %s)", ws.steps, target)
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ws.seed)
+        model = build_model()
+        losses = supervised_train(
+            model, tokenizer, task, ws.steps, ws.batch_size, ws.lr, ws.seed, device
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}-"))
+    model.to("cpu").save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info = {
+        "key": key,
+        "steps": ws.steps,
+        "final_loss": float(np.mean(losses[-20:])) if losses else None,
+        "seconds": time.perf_counter() - t0,
+    }
+    (tmp / "warm_start.json").write_text(json.dumps(info, indent=2))
+    try:
+        tmp.rename(target)
+    except OSError:  # another run finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("warm start: done in %.1fs, loss %.4f", info["seconds"], info["final_loss"] or 0)
+    return target

@@ -1,0 +1,92 @@
+"""``generation=hf``: sampling with transformers ``generate`` (left padding, KV cache)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import PreTrainedModel
+
+from replay_exp.rollout.base import Generation, Generator, SamplingParams, completion_mask
+
+
+class HFGenerator(Generator):
+    """Samples with ``model.generate``.
+
+    ``share_weights=True`` samples from the trainer's own module (no copy; only valid when
+    weights are synced after every update); otherwise the generator keeps a private copy that
+    ``sync_weights`` refreshes, so rollouts may come from stale weights."""
+
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        pad_id: int,
+        eos_id: int,
+        share_weights: bool = True,
+        chunk_size: int = 256,
+    ):
+        self.model = policy if share_weights else copy.deepcopy(policy)
+        self.share_weights = share_weights
+        self.pad_id, self.eos_id, self.chunk_size = pad_id, eos_id, chunk_size
+        self.version = 0
+
+    def sync_weights(self, policy: torch.nn.Module, version: int) -> None:
+        if not self.share_weights:
+            self.model.load_state_dict(policy.state_dict())
+        self.version = version
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids_BxP: torch.Tensor,
+        prompt_mask_BxP: torch.Tensor,
+        params: SamplingParams,
+        seed: int,
+    ) -> Generation:
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        greedy = params.temperature == 0
+        kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        if not greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        temperature = 1.0 if greedy else params.temperature
+        torch.manual_seed(seed)
+        ids, logps = [], []
+        for i in range(0, prompt_ids_BxP.shape[0], self.chunk_size):
+            p_ids = prompt_ids_BxP[i : i + self.chunk_size].to(device)
+            p_mask = prompt_mask_BxP[i : i + self.chunk_size].to(device)
+            out = self.model.generate(input_ids=p_ids, attention_mask=p_mask.long(), **kwargs)
+            comp = out.sequences[:, p_ids.shape[1] :]
+            logits_BxCxV = torch.stack(out.logits, dim=1).float() / temperature
+            logp = torch.log_softmax(logits_BxCxV, dim=-1).gather(-1, comp.unsqueeze(-1))
+            ids.append(comp.cpu())
+            logps.append(logp.squeeze(-1).cpu())
+        self.model.train(was_training)
+        C = max(x.shape[1] for x in ids)
+        comp_ids = torch.cat([_pad_right(x, C, self.pad_id) for x in ids])
+        logp_BxC = torch.cat([_pad_right(x, C, 0.0) for x in logps])
+        mask, finished = completion_mask(comp_ids, self.eos_id)
+        comp_ids = comp_ids.masked_fill(~mask, self.pad_id)
+        return Generation(
+            completion_ids_BxC=comp_ids,
+            completion_mask_BxC=mask,
+            behaviour_logp_BxC=logp_BxC.masked_fill(~mask, 0.0),
+            finished_B=finished,
+            version=self.version,
+        )
+
+
+def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    if x.shape[1] == width:
+        return x
+    return torch.cat([x, x.new_full((x.shape[0], width - x.shape[1]), value)], dim=1)

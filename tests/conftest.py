@@ -1,0 +1,35 @@
+"""Shared fixtures: fast overrides that make a full training run take seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def fast_overrides(tmp_path) -> list[str]:
+    """A 1-digit addition task and a smaller model, warm-started for a few seconds (cached in
+    ``tmp_path``), so end-to-end tests see non-zero rewards and real gradients."""
+    return [
+        "task.n_digits=1",
+        "task.eval_fraction=0.2",
+        "task.n_eval=8",
+        "model.hidden_size=64",
+        "model.num_layers=2",
+        "model.intermediate_size=128",
+        "model.warm_start.steps=60",
+        "model.warm_start.lr=3e-3",
+        f"model.warm_start.cache_dir={tmp_path / 'cache'}",
+        "schedule.batch_size=16",
+        "algo.group_size=4",
+        "buffer.capacity=32",
+        "eval.n_samples=4",
+        "eval.pass_k=[1,4]",
+        "eval.every=2",
+        "logger.progress=false",
+        "threads=1",
+        "device=cpu",
+    ]
+
+
+@pytest.fixture
+def fast(tmp_path):
+    return fast_overrides(tmp_path)
