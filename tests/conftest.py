@@ -12,6 +12,7 @@ def fast_overrides(tmp_path) -> list[str]:
         "task.n_digits=1",
         "task.eval_fraction=0.2",
         "task.n_eval=8",
+        "task.demo_carry_drop=0.0",
         "model.hidden_size=64",
         "model.num_layers=2",
         "model.intermediate_size=128",

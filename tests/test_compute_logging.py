@@ -47,3 +47,15 @@ def test_every_and_derived_seeds():
     assert [s for s in range(7) if Every(3)(s)] == [0, 3, 6]
     assert derive_seed(0, "gen", 1) == derive_seed(0, "gen", 1)
     assert len({derive_seed(0, "gen", i) for i in range(100)} | {derive_seed(1, "gen", 0)}) == 101
+
+
+def test_unbiased_pass_at_k():
+    from replay_exp.evaluate import pass_at_k
+
+    # n=4 samples, c=1 correct: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5.
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    # c=0 -> 0; n - c < k -> 1 (every k-subset holds a correct sample).
+    assert pass_at_k(8, 0, 4) == 0.0 and pass_at_k(8, 6, 4) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)

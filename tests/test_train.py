@@ -33,6 +33,8 @@ def test_two_steps_change_parameters_and_log_expected_keys(fast, tmp_path):
     assert {p.name for p in run_dir.iterdir()} >= {
         "config.yaml", "metrics.jsonl", "summary.json", "train.log", "final_model",
     }  # fmt: skip
+    rewards = [r["train/reward"] for r in read_metrics(run_dir / "metrics.jsonl") if r["step"]]
+    assert any(0 < x < 1 for x in rewards), f"no learning signal in this setup: {rewards}"
     initial, _, _ = load_policy(cfg.model, cfg.task, make_task(cfg.task))
     final, _ = load_pretrained(run_dir / "final_model")
     moved = [
