@@ -3,7 +3,9 @@
 1. Paper units (Arnal et al.): a step that trains on B_t samples and generates R_t rollouts
    costs (B_t + mu R_t) forward-backward sample units. We normalise by one on-policy step at
    the configured batch size, B (1 + mu), so the on-policy baseline costs exactly 1 per step and
-   a replay step with reuse ratio y = B/R costs (1 + mu / y) / (1 + mu). ``compute.mu`` is taken
+   a replay step with reuse ratio y = B/R costs (1 + mu / y) / (1 + mu). Under the async-cluster
+   emulation every step is charged gamma = (1 + W/T) / (1 + mu) exactly, the cost of the whole
+   node for one trainer step (``units_per_step``). ``compute.mu`` is taken
    from the config (the paper measured 6.84 for Qwen3-0.6B and 5.28 for Qwen2.5-7B on GPUs).
 2. Analytic FLOPs: forward = 2 N T + 2 L d T^2 for a sequence of T real tokens (N = parameters
    that do matmul work per token: everything but the input embedding, plus the tied output
@@ -42,6 +44,8 @@ class Ledger:
     n_params: int
     n_layers: int
     hidden: int
+    units_per_step: float | None = None  # fixed paper units per step (async: gamma)
+    steps: int = 0
     rollouts: int = 0  # unique rollouts generated
     samples_trained: int = 0  # rollouts trained on, repeats included
     gen_tokens: int = 0  # completion tokens generated
@@ -65,6 +69,7 @@ class Ledger:
 
     def add_training(self, lengths: torch.Tensor, loss_tokens: int, seconds: float) -> None:
         """``lengths``: prompt + completion real tokens per trained sample."""
+        self.steps += 1
         self.samples_trained += len(lengths)
         self.train_tokens += loss_tokens
         self.sample_units += len(lengths)
@@ -76,7 +81,10 @@ class Ledger:
         self.seconds_eval += seconds
 
     def _normalise(self) -> None:
-        self.paper_units = self.sample_units / (self.batch_size * (1 + self.mu))
+        if self.units_per_step is not None:
+            self.paper_units = self.steps * self.units_per_step
+        else:
+            self.paper_units = self.sample_units / (self.batch_size * (1 + self.mu))
 
     def measured_mu(self) -> float | None:
         if not (self.rollouts and self.samples_trained and self.seconds_train > 0):
@@ -89,7 +97,7 @@ class Ledger:
         out = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("mu", "batch_size", "n_params", "n_layers", "hidden")
+            if k not in ("mu", "batch_size", "n_params", "n_layers", "hidden", "units_per_step")
         }
         out["flops"] = self.flops_gen + self.flops_train
         out["seconds"] = self.seconds_gen + self.seconds_train + self.seconds_eval

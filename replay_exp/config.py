@@ -62,17 +62,29 @@ class ArithmeticTaskConfig:
 
 @dataclass
 class BufferConfig:
-    name: str = MISSING  # on_policy | fifo
-    capacity: int | None = None  # N; on_policy: defaults to the batch size
+    name: str = MISSING  # eviction: on_policy | fifo | max_age | positive_bias | priority
+    capacity: int | None = None  # N; on_policy: B if None; max_age: (max_age+1) R if None
+    sampling: str = "uniform"  # uniform | without_replacement | never_used_first | recency
+    # | prioritized
+    max_reuse: int | None = None  # K: a rollout leaves after K uses; None = unlimited
+    shards: int = 1  # T independent buffers of N/T each (one per trainer)
+    max_age: int | None = None  # max_age only: evict when step - version > A
+    delta: float | None = None  # positive_bias only: share of N for older correct rollouts
+    priority: str = "abs_advantage"  # abs_advantage | group_reward_var (priority, prioritized)
+    priority_alpha: float = 1.0  # prioritized: sampling weight = priority ** alpha
+    recency_tau: float | None = None  # recency only: sampling weight = exp(-age / tau)
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "sync"
+    name: str = "sync"  # sync | async (the async-cluster emulation)
     batch_size: int = 64  # B
-    rollouts_per_step: int | None = None  # R
-    reuse_ratio: float | None = None  # y = B / R
+    rollouts_per_step: int | None = None  # R (sync)
+    reuse_ratio: float | None = None  # y = B / R (sync)
+    workers: int = 6  # W inference workers (async)
+    trainers: int = 2  # T trainers (async)
     sync_every: int = 1  # k
+    sync_lag: int = 0  # generator weights are this many versions old at a sync
     max_steps: int | None = None
     max_rollouts: int | None = None
     max_compute: float | None = None
@@ -91,6 +103,9 @@ class AlgoConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
+    tis_cap: float | None = None  # grpo: truncated IS weight cap c; None = off
+    tis_level: str = "token"  # grpo: "token" or "sequence" importance weight
+    asymre_dv: float = -0.1  # asymre: baseline shift dV in (r - (V_hat + dV)) * log pi
 
 
 @dataclass
@@ -128,6 +143,12 @@ class ComputeConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int | None = 50  # steps between snapshots (and one at step 0); null or 0 = off
+    keep: int = 2  # newest snapshots kept in run_dir/checkpoints
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = MISSING
     task: Any = MISSING  # per-task schema, chosen by the task group's YAML
@@ -138,6 +159,7 @@ class TrainConfig:
     eval: EvalConfig = MISSING
     logger: LoggerConfig = MISSING
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
@@ -189,15 +211,15 @@ if not OmegaConf.has_resolver("job_suffix"):
 class Derived:
     """Sizes computed from the config; saved with the run as ``derived``."""
 
-    rollouts_per_step: int  # R
-    prompts_per_step: int  # R / G
+    rollouts_per_step: float  # R (the mean arrivals per step under the async emulation)
+    prompts_per_step: float  # R / G
     reuse_ratio: float  # y = B / R
     capacity: int  # N
     staleness_horizon: float  # x = N / R
     total_steps: int
     max_new_tokens: int
     max_prompt_len: int  # tokens, incl. BOS
-    paper_units_per_step: float  # (B + mu R) / (B (1 + mu)); the on-policy baseline is 1
+    paper_units_per_step: float  # (B + mu R) / (B (1 + mu)), or gamma (async); on-policy: 1
     device: str
     threads: int
 
@@ -231,10 +253,12 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _fail(f"buffer.name={b.name} is unknown; choose one of {sorted(BUFFERS)}")
     if g.backend not in BACKENDS:
         _fail(f"generation.backend={g.backend} is unknown; choose one of {sorted(BACKENDS)}")
-    if s.name != "sync":
-        _fail(f"schedule.name={s.name} is unknown; choose one of ['sync']")
-    if a.name != "grpo":
-        _fail(f"algo.name={a.name} is unknown; choose one of ['grpo']")
+    if s.name not in ("sync", "async"):
+        _fail(f"schedule.name={s.name} is unknown; choose one of ['async', 'sync']")
+    from replay_exp.algo import ALGO_NAMES, TIS_LEVELS
+
+    if a.name not in ALGO_NAMES:
+        _fail(f"algo.name={a.name} is unknown; choose one of {sorted(ALGO_NAMES)}")
     aggs = ["seq_mean", "seq_sum_norm", "token_mean"]
     if a.loss_agg not in aggs:
         _fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {aggs}")
@@ -270,6 +294,9 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _positive("eval.n_problems", e.n_problems)
     if cfg.threads is not None:
         _positive("threads", cfg.threads)
+    if cfg.checkpoint.every is not None and cfg.checkpoint.every < 0:
+        _fail(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0 or null = off)")
+    _positive("checkpoint.keep", cfg.checkpoint.keep)
 
     # Clip, KL, optimizer.
     if not 0 <= a.eps_low < 1:
@@ -283,6 +310,19 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _positive("algo.grad_clip", a.grad_clip)
     if len(a.betas) != 2 or not all(0 <= x < 1 for x in a.betas):
         _fail(f"algo.betas={list(a.betas)} must be two numbers in [0, 1)")
+    if a.tis_level not in TIS_LEVELS:
+        _fail(f"algo.tis_level={a.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}")
+    if a.tis_cap is not None and not a.tis_cap > 0:
+        _fail(f"algo.tis_cap={a.tis_cap} must be > 0 (or null for no truncated IS)")
+    if a.name == "asymre":
+        # AsymRE has no importance ratio; V_hat is recovered as reward - advantage, which is
+        # exact only for unnormalised advantages. kl_coef > 0 is allowed (same k3 term as GRPO).
+        if a.tis_cap is not None:
+            _fail(f"algo.tis_cap={a.tis_cap} needs algo.name=grpo; asymre has no ratio")
+        if a.adv_normalize_std:
+            _fail("algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)")
+        if not math.isfinite(a.asymre_dv):
+            _fail(f"algo.asymre_dv={a.asymre_dv} must be finite")
 
     # Sampling parameters.
     for key, t, p in [
@@ -302,8 +342,23 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     if bad_k:
         _fail(f"eval.pass_k={list(e.pass_k)} needs every k in [1, eval.n_samples={e.n_samples}]")
 
-    # R and y: exactly one may be given; neither means R = B.
+    # R and y: exactly one may be given; neither means R = B. The async emulation derives R.
     R, y = s.rollouts_per_step, s.reuse_ratio
+    mu = cfg.compute.mu
+    if mu < 0:
+        _fail(f"compute.mu={mu} must be >= 0")
+    if s.sync_lag < 0:
+        _fail(f"schedule.sync_lag={s.sync_lag} must be >= 0")
+    if s.name == "async":
+        if R is not None or y is not None:
+            _fail(
+                f"schedule=async derives R from workers, trainers and compute.mu; set "
+                f"schedule.rollouts_per_step={R} and schedule.reuse_ratio={y} to null"
+            )
+        _positive("schedule.workers", s.workers)
+        _positive("schedule.trainers", s.trainers)
+        _positive("compute.mu", mu)
+        R = B * s.workers / (mu * s.trainers)  # mean arrivals per step (a float)
     if R is not None and y is not None:
         _fail(
             f"schedule.rollouts_per_step={R} and schedule.reuse_ratio={y} are mutually "
@@ -320,14 +375,35 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         R = round(R_float)
     if R is None:
         R = B
-    _positive("schedule.rollouts_per_step", R)
-    if R % G:
-        _fail(f"schedule.rollouts_per_step={R} is not a multiple of algo.group_size={G}")
+    if s.name == "sync":
+        _positive("schedule.rollouts_per_step", R)
+        if R % G:
+            _fail(f"schedule.rollouts_per_step={R} is not a multiple of algo.group_size={G}")
+    # Most fresh rollouts one step can bring (the buffer must hold them).
+    R_max = R if s.name == "sync" else G * max(1, math.ceil(R / G - 1e-9))
 
-    # Buffer.
-    N = b.capacity
-    if N is not None:
-        _positive("buffer.capacity", N)
+    # Buffer. The node alone first (names, ranges, keys a policy does not use), then sizes.
+    from replay_exp.buffer import check_buffer_config
+    from replay_exp.buffer.positive_bias import correct_slots
+
+    problem = check_buffer_config(b)
+    if problem:
+        _fail(problem)
+    N, T = b.capacity, b.shards
+    fresh_name = "schedule.rollouts_per_step" if R_max == R else "the most rollouts a step brings"
+    if b.name == "max_age":
+        lag = s.sync_every - 1 + s.get("sync_lag", 0)
+        if b.max_age < lag:
+            _fail(
+                f"buffer.max_age={b.max_age} is below the generator's staleness {lag} "
+                f"(schedule.sync_every - 1 + schedule.sync_lag): rollouts would be evicted "
+                f"before any use"
+            )
+        if (b.max_age + 1) * R < B:
+            _fail(
+                f"buffer.max_age={b.max_age} keeps at most (max_age + 1) R = "
+                f"{(b.max_age + 1) * R:g} rollouts, fewer than schedule.batch_size={B}"
+            )
     if b.name == "on_policy":
         if R != B:
             _fail(
@@ -338,13 +414,31 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
             N = B
         if N < B:
             _fail(f"buffer.capacity={N} is smaller than schedule.batch_size={B}")
+        if T > 1 and float(R / G).is_integer() and int(R // G) % T:
+            _fail(
+                f"buffer=on_policy with buffer.shards={T} needs the {int(R // G)} prompt groups "
+                f"of a step (schedule.rollouts_per_step={R} / algo.group_size={G}) to split "
+                f"evenly over the shards"
+            )
     else:
+        if N is None and b.name == "max_age":  # never binds: A + 1 steps of arrivals at most
+            N = T * math.ceil((b.max_age + 1) * R_max / T)
         if N is None:
             _fail(f"buffer.capacity=null: buffer={b.name} needs a capacity N")
         if N < B:
             _fail(f"buffer.capacity={N} is smaller than schedule.batch_size={B}")
-        if N < R:
-            _fail(f"buffer.capacity={N} is smaller than schedule.rollouts_per_step={R}")
+        if R_max > N:
+            _fail(f"buffer.capacity={N} is smaller than {fresh_name}={R_max}")
+    if B % T:
+        _fail(f"buffer.shards={T} does not divide schedule.batch_size={B}")
+    if b.name == "positive_bias":
+        fresh = T * (N // T - correct_slots(b.delta, N // T))
+        if fresh < R_max:
+            _fail(
+                f"buffer.delta={b.delta} leaves {fresh} of buffer.capacity={N} for the freshest "
+                f"rollouts, fewer than {fresh_name}={R_max}: new rollouts would be evicted "
+                f"before any use"
+            )
 
     # Task (validates its own keys) and lengths.
     task = make_task(cfg.task)
@@ -370,14 +464,14 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         )
     ((kind, value),) = budgets.items()
     _positive(f"schedule.{kind}", value)
-    mu = cfg.compute.mu
-    if mu < 0:
-        _fail(f"compute.mu={mu} must be >= 0")
-    units_per_step = (B + mu * R) / (B * (1 + mu))
+    if s.name == "async":  # the paper's gamma: the whole node for one trainer step
+        units_per_step = (1 + s.workers / s.trainers) / (1 + mu)
+    else:
+        units_per_step = (B + mu * R) / (B * (1 + mu))
     if kind == "max_steps":
         steps = int(value)
     elif kind == "max_rollouts":
-        steps = int(value) // R
+        steps = int(math.floor(value / R + 1e-9))
     else:
         steps = int(math.floor(value / units_per_step + 1e-9))
     if steps < 1:
@@ -395,7 +489,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
 
     derived = Derived(
         rollouts_per_step=R,
-        prompts_per_step=R // G,
+        prompts_per_step=R / G,
         reuse_ratio=B / R,
         capacity=N,
         staleness_horizon=N / R,

@@ -11,18 +11,19 @@ The loop (``run``) reads top to bottom like the algorithm:
         batch = buffer.sample(B, step)
         one GRPO update on batch
         ledger + log; every n steps evaluate on the held-out split
+        every c steps snapshot every component (relaunching resumes from the latest)
 
 Step s of the log is the state after s updates (the policy version); row 0 is the initial
-policy's evaluation.
+policy's evaluation. Snapshot step_s (run_dir/checkpoints) is also the state after s updates.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,21 @@ import hydra
 import numpy as np
 import torch
 import transformers
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from replay_exp.buffer import make_buffer
+from replay_exp.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    GeneratorState,
+    RNGState,
+    Snapshot,
+    SnapshotWarning,
+    atomic_write_text,
+    truncate_metrics,
+)
 from replay_exp.compute import Ledger, flop_params
 from replay_exp.config import ConfigError, Derived, register_configs, resolve
 from replay_exp.evaluate import evaluate
@@ -42,26 +53,29 @@ from replay_exp.logging import MetricsWriter
 from replay_exp.models import load_policy
 from replay_exp.rollout import BACKENDS, HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts
-from replay_exp.schedule import Every, derive_seed
+from replay_exp.rundir import RunStart, config_yaml, prepare_run_dir
+from replay_exp.schedule import Every, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
-from replay_exp.update import grpo_update
+from replay_exp.update import policy_update
 
 log = logging.getLogger("replay_exp")
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
 register_configs()
 
 
-def prepare_run_dir(cfg: DictConfig) -> Path:
-    """Check the run directory can take this run; raise ConfigError if it holds one already."""
-    run_dir = Path(cfg.run_dir)
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():
-        raise ConfigError(f"run_dir={run_dir} already holds a run; choose another run_dir")
-    return run_dir
-
-
-def run(cfg: DictConfig, derived: Derived, run_dir: Path) -> dict[str, Any]:
-    """Train with the resolved ``cfg`` and write everything into ``run_dir``."""
+def run(
+    cfg: DictConfig, derived: Derived, run_dir: Path, start: RunStart | None = None
+) -> dict[str, Any]:
+    """Train with the resolved ``cfg`` and write everything into ``run_dir``: a fresh run, or
+    the resume of the unfinished run there (``prepare_run_dir`` decides, unless ``start`` is
+    given); a finished run is left untouched and its summary returned."""
+    run_dir = Path(run_dir)
+    if start is None:
+        start = prepare_run_dir(cfg, derived, run_dir)
+    if start.finished is not None:
+        print(f"run already finished: {run_dir / 'summary.json'} says so; nothing to do")
+        for note in start.notes:
+            print(note)
+        return start.finished
     torch.set_num_threads(derived.threads)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
@@ -69,10 +83,20 @@ def run(cfg: DictConfig, derived: Derived, run_dir: Path) -> dict[str, Any]:
     file_log = logging.FileHandler(run_dir / "train.log")
     file_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger().addHandler(file_log)
-    saved = OmegaConf.to_container(cfg)
-    saved["derived"] = dataclasses.asdict(derived)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     log.info("run dir: %s", run_dir)
+    for note in start.notes:
+        log.warning(note)
+    if start.snapshot is None:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # at most an initial eval: redone
+        atomic_write_text(run_dir / "config.yaml", config_yaml(cfg, derived))
+    else:
+        dropped = truncate_metrics(run_dir / "metrics.jsonl", start.snapshot.step)
+        log.info(
+            "resuming from %s (step %d); dropped %d metrics.jsonl lines past it",
+            start.snapshot.path,
+            start.snapshot.step,
+            dropped,
+        )
     log.info(
         "B=%d R=%d (y=B/R=%.3g) N=%d (x=N/R=%.3g) steps=%d",
         cfg.schedule.batch_size,
@@ -83,13 +107,15 @@ def run(cfg: DictConfig, derived: Derived, run_dir: Path) -> dict[str, Any]:
         derived.total_steps,
     )
     try:
-        return _train(cfg, derived, run_dir)
+        return _train(cfg, derived, run_dir, start.snapshot)
     finally:
         logging.getLogger().removeHandler(file_log)
         file_log.close()
 
 
-def _train(cfg: DictConfig, d: Derived, run_dir: Path) -> dict[str, Any]:
+def _train(
+    cfg: DictConfig, d: Derived, run_dir: Path, snapshot: Snapshot | None = None
+) -> dict[str, Any]:
     s, a, g = cfg.schedule, cfg.algo, cfg.generation
     task = make_task(cfg.task)
     policy, tokenizer, source = load_policy(cfg.model, cfg.task, task, d.device)
@@ -106,22 +132,26 @@ def _train(cfg: DictConfig, d: Derived, run_dir: Path) -> dict[str, Any]:
         policy,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        share_weights=s.sync_every == 1,
+        share_weights=s.sync_every == 1 and s.sync_lag == 0,
         chunk_size=g.chunk_size,
     )
     evaluator = HFGenerator(
         policy, tokenizer.pad_token_id, tokenizer.eos_token_id, chunk_size=g.chunk_size
     )
     buffer = make_buffer(
-        cfg.buffer.name,
+        cfg.buffer,
         capacity=d.capacity,
         max_prompt_len=d.max_prompt_len,
         max_completion_len=d.max_new_tokens,
         seed=derive_seed(cfg.seed, "buffer"),
     )
+    arrivals = make_arrivals(s, cfg.compute.mu, a.group_size)
+    history = WeightHistory(s.sync_lag)  # weights of recent versions, for a sync lag
+    history.push(0, policy)
     ledger = Ledger(
         mu=cfg.compute.mu,
         batch_size=s.batch_size,
+        units_per_step=d.paper_units_per_step if s.name == "async" else None,
         n_params=flop_params(policy),
         n_layers=policy.config.num_hidden_layers,
         hidden=policy.config.hidden_size,
@@ -134,6 +164,23 @@ def _train(cfg: DictConfig, d: Derived, run_dir: Path) -> dict[str, Any]:
         Every(cfg.logger.log_every),
     )
     writer = MetricsWriter(run_dir / "metrics.jsonl")
+    # Everything a resumed run needs to continue bit-identically, by name: new stateful parts
+    # (state_dict / load_state_dict) go here. The eval dicts travel as JSON with each save.
+    snapshots = Checkpointer(
+        run_dir / "checkpoints",
+        {
+            "policy": policy,
+            "optimizer": optimizer,
+            "generator": GeneratorState(generator),
+            "weight_history": history,
+            "buffer": buffer,
+            "ledger": ledger,
+            "rng": RNGState(),
+        },
+        keep=cfg.checkpoint.keep,
+        sync_files=[run_dir / "metrics.jsonl"],
+    )
+    snapshot_due = Every(cfg.checkpoint.every) if cfg.checkpoint.every else (lambda step: False)
 
     def run_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -144,69 +191,75 @@ def _train(cfg: DictConfig, d: Derived, run_dir: Path) -> dict[str, Any]:
         ledger.add_eval(time.perf_counter() - t0)
         return {f"eval/{k}": v for k, v in out.items()}
 
-    first_eval = None
-    if cfg.eval.at_start:
-        first_eval = run_eval(0)
-        writer.write({"step": 0, **first_eval, **_prefixed("compute", ledger.metrics())})
-        log.info("step 0 | %s", _fmt(first_eval))
+    first_eval, start = None, 0
+    if snapshot is not None:  # resume: every component, the eval dicts and the step
+        evals = snapshots.restore(snapshot)
+        first_eval, last_eval, start = evals["first_eval"], evals["last_eval"], snapshot.step
+    else:
+        if cfg.eval.at_start:
+            first_eval = run_eval(0)
+            writer.write({"step": 0, **first_eval, **_prefixed("compute", ledger.metrics())})
+            log.info("step 0 | %s", _fmt(first_eval))
+        last_eval: dict[str, float] = dict(first_eval or {})
+        if snapshot_due(0):
+            snapshots.save(0, first_eval=first_eval, last_eval=last_eval)
 
-    last_eval: dict[str, float] = dict(first_eval or {})
-    bar = tqdm(total=d.total_steps, disable=not cfg.logger.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=d.total_steps, initial=start, disable=not cfg.logger.progress, dynamic_ncols=True
+    )
     with logging_redirect_tqdm():
-        for step in range(d.total_steps):
+        for step in range(start, d.total_steps):
             if sync(step):
-                generator.sync_weights(policy, version=step)
+                generator.sync_weights(*reversed(history.weights_for(step, policy)))
 
-            # Generate R fresh rollouts: R/G prompts x G samples, scored, advantages frozen.
+            # Generate the step's fresh rollouts (R/G prompts x G samples under the sync
+            # schedule, the emulated arrivals under async), scored, advantages frozen.
             t0 = time.perf_counter()
-            prompts = task.sample_train(
-                np.random.default_rng(derive_seed(cfg.seed, "prompts", step)), d.prompts_per_step
-            )
-            fresh = generate_rollouts(
-                generator, tokenizer, task, prompts, a.group_size, sampling,
-                seed=derive_seed(cfg.seed, "gen", step), step=step,
-                first_uid=step * d.rollouts_per_step, first_group=step * d.prompts_per_step,
-                normalize_std=a.adv_normalize_std,
-            )  # fmt: skip
-            ledger.add_generation(
-                _lengths(fresh), int(fresh.completion_mask_BxC.sum()), time.perf_counter() - t0
-            )
-
-            buffer.add(fresh, step)
-            batch = buffer.sample(s.batch_size, step)
-
-            t0 = time.perf_counter()
-            stats = grpo_update(
-                policy, optimizer, batch, a, g.temperature, d.max_new_tokens, ref_model
-            )
-            ledger.add_training(_lengths(batch), stats["tokens"], time.perf_counter() - t0)
+            n_groups, first_group = arrivals.groups_at(step), arrivals.groups_before(step)
+            fresh = None  # the async emulation may deliver nothing at some steps
+            if n_groups:
+                prompts = task.sample_train(
+                    np.random.default_rng(derive_seed(cfg.seed, "prompts", step)), n_groups
+                )
+                fresh = generate_rollouts(
+                    generator, tokenizer, task, prompts, a.group_size, sampling,
+                    seed=derive_seed(cfg.seed, "gen", step), step=step,
+                    first_uid=first_group * a.group_size, first_group=first_group,
+                    normalize_std=a.adv_normalize_std,
+                )  # fmt: skip
+                seconds = time.perf_counter() - t0
+                ledger.add_generation(
+                    _lengths(fresh), int(fresh.completion_mask_BxC.sum()), seconds
+                )
+                buffer.add(fresh, step)
+            # Sample a batch and update. With max_reuse under the async emulation the buffer can
+            # run dry; the trainers then idle for this step (no update, compute still charged).
+            batch, stats, t0 = None, {}, time.perf_counter()
+            if len(buffer):
+                batch = buffer.sample(s.batch_size, step)
+                stats = policy_update(
+                    policy, optimizer, batch, a, g.temperature, d.max_new_tokens, ref_model
+                )
+            ledger.add_training(_lengths(batch), stats.get("tokens", 0), time.perf_counter() - t0)
 
             version = step + 1
+            history.push(version, policy)
             row: dict[str, Any] = {}
             if log_due(version) or version == d.total_steps:
-                row.update(
-                    {
-                        "step": version,
-                        "train/reward": float(fresh.reward_B.mean()),
-                        "train/batch_reward": float(batch.reward_B.mean()),
-                        "train/response_len": float(
-                            fresh.completion_mask_BxC.sum(1).float().mean()
-                        ),
-                        **_prefixed("loss", stats),
-                        **_prefixed("buffer", buffer.stats()),
-                        "policy/version": version,
-                        "policy/generator_version": generator.version,
-                    }
-                )
+                row = {"step": version, "policy/version": version}
+                row.update(_step_metrics(fresh, batch, stats, buffer, generator))
             if eval_due(version) or version == d.total_steps:
                 last_eval = run_eval(version)
+                write_telemetry(run_dir, version, buffer)
                 row.update({"step": version, **last_eval})
                 log.info("step %d | %s", version, _fmt(last_eval))
             if row:
                 row.update(_prefixed("compute", ledger.metrics()))
                 writer.write(row)
+            if snapshot_due(version):
+                snapshots.save(version, first_eval=first_eval, last_eval=last_eval)
             bar.set_postfix(
-                reward=f"{float(fresh.reward_B.mean()):.2f}",
+                reward=f"{row.get('train/reward', float('nan')):.2f}",
                 pass1=f"{last_eval.get('eval/pass@1', float('nan')):.3f}",
                 refresh=False,
             )
@@ -221,16 +274,43 @@ def _train(cfg: DictConfig, d: Derived, run_dir: Path) -> dict[str, Any]:
         "final": last_eval,
         "compute": ledger.metrics(),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_final_model:
         policy.save_pretrained(run_dir / "final_model")
         tokenizer.save_pretrained(run_dir / "final_model")
+    # Last and atomic: "finished" means everything above is on disk (relaunches skip the run).
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     log.info("done: %s", _fmt(last_eval))
     return summary
 
 
+def write_telemetry(run_dir: Path, step: int, buffer) -> None:
+    """``buffer_telemetry.json``: the buffer's cumulative per-use histograms (off-policiness,
+    age, previous uses, steps since last use, replay count; the paper's Figure 2) up to
+    ``step``, rewritten atomically at every evaluation."""
+    payload = {"step": step, "bins": "0..63 then one overflow bin", **buffer.telemetry()}
+    atomic_write_text(run_dir / "buffer_telemetry.json", json.dumps(payload))
+
+
+def _step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
+    """The training row of one step (``fresh`` is None when no rollout arrived)."""
+    nan = float("nan")
+    return {
+        "train/reward": nan if fresh is None else float(fresh.reward_B.mean()),
+        "train/fresh_rollouts": 0 if fresh is None else len(fresh),
+        "train/response_len": (
+            nan if fresh is None else float(fresh.completion_mask_BxC.sum(1).float().mean())
+        ),
+        "train/batch_reward": nan if batch is None else float(batch.reward_B.mean()),
+        **_prefixed("loss", stats),
+        **_prefixed("buffer", buffer.stats()),
+        "policy/generator_version": generator.version,
+    }
+
+
 def _lengths(batch) -> torch.Tensor:
     """Real tokens (prompt + completion) per rollout."""
+    if batch is None:
+        return torch.zeros(0, dtype=torch.long)
     return batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
 
 
@@ -247,11 +327,14 @@ def _fmt(metrics: dict[str, float]) -> str:
 def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         resolved, derived = resolve(cfg)
-        run_dir = prepare_run_dir(resolved)
-    except ConfigError as e:  # one line, nothing written, before any model is built
-        print(f"config error: {e}", file=sys.stderr)
+        with warnings.catch_warnings():  # run() logs skipped snapshots; errors name them
+            warnings.simplefilter("ignore", SnapshotWarning)
+            start = prepare_run_dir(resolved, derived)
+    except (ConfigError, CheckpointError) as e:  # one line, nothing written, no model built
+        kind = "config error" if isinstance(e, ConfigError) else "resume error"
+        print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(2)
-    return run(resolved, derived, run_dir)
+    return run(resolved, derived, start.run_dir, start)
 
 
 if __name__ == "__main__":

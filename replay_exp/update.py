@@ -1,4 +1,8 @@
-"""One policy update on a batch of rollouts: forward, GRPO loss, backward, optimizer step."""
+"""One policy update on a batch of rollouts: forward, loss, backward, optimizer step.
+
+The loss is chosen by ``algo.name``: ``grpo`` (``replay_exp.algo.grpo_loss``, clipped surrogate,
+optional truncated IS) or ``asymre`` (``replay_exp.algo.asymre_loss``, no importance ratio).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Any
 
 import torch
 
-from replay_exp.algo import grpo_loss, masked_mean, token_logprobs
+from replay_exp.algo import ALGO_NAMES, asymre_loss, grpo_loss, masked_mean, token_logprobs
 from replay_exp.types import RolloutBatch
 
 
@@ -27,7 +31,7 @@ def policy_logprobs(
     return token_logprobs(logits_BxCxV, ids[:, P:], temperature)
 
 
-def grpo_update(
+def policy_update(
     policy: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
@@ -36,7 +40,16 @@ def grpo_update(
     norm_len: int,
     ref_model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
-    """Take one optimizer step on ``batch``; return the loss statistics."""
+    """Take one optimizer step on ``batch`` with the loss ``algo.name``; return its statistics.
+
+    Every loss reports ``loss``, ``pg_loss``, ``grad_norm``, ``entropy``, ``batch_size``,
+    ``tokens`` and the staleness stats ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` /
+    ``approx_kl`` (detached for AsymRE, which has no ratio in its loss), plus its own: GRPO the
+    ``clip_frac*`` (and ``tis_*`` when ``algo.tis_cap`` is set), AsymRE ``coef_mean`` /
+    ``coef_pos_frac``; ``kl_ref`` when ``algo.kl_coef > 0``.
+    """
+    if algo.name not in ALGO_NAMES:
+        raise ValueError(f"algo.name={algo.name} is unknown; choose one of {list(ALGO_NAMES)}")
     policy.train()
     device = next(policy.parameters()).device
     mask_BxC = batch.completion_mask_BxC.to(device)
@@ -45,18 +58,41 @@ def grpo_update(
     if algo.kl_coef > 0:
         with torch.no_grad():
             ref_logp_BxC, _ = policy_logprobs(ref_model, batch, temperature)
-    loss, stats = grpo_loss(
-        logp_BxC,
-        batch.behaviour_logp_BxC.to(device),
-        batch.advantage_B.to(device),
-        mask_BxC,
-        eps_low=algo.eps_low,
-        eps_high=algo.eps_high,
-        agg=algo.loss_agg,
-        norm_len=norm_len,
-        kl_coef=algo.kl_coef,
-        ref_logp_BxC=ref_logp_BxC,
-    )
+    if algo.name == "asymre":
+        if algo.adv_normalize_std:
+            raise ValueError(
+                "algo.name=asymre recovers V_hat = reward - advantage, which needs "
+                "algo.adv_normalize_std=false"
+            )
+        # V_hat (group-mean reward at generation time) = r - A for unnormalised advantages.
+        reward_B = batch.reward_B.to(device)
+        loss, stats = asymre_loss(
+            logp_BxC,
+            reward_B,
+            reward_B - batch.advantage_B.to(device),
+            mask_BxC,
+            dv=algo.asymre_dv,
+            agg=algo.loss_agg,
+            norm_len=norm_len,
+            kl_coef=algo.kl_coef,
+            ref_logp_BxC=ref_logp_BxC,
+            behaviour_logp_BxC=batch.behaviour_logp_BxC.to(device),
+        )
+    else:
+        loss, stats = grpo_loss(
+            logp_BxC,
+            batch.behaviour_logp_BxC.to(device),
+            batch.advantage_B.to(device),
+            mask_BxC,
+            eps_low=algo.eps_low,
+            eps_high=algo.eps_high,
+            agg=algo.loss_agg,
+            norm_len=norm_len,
+            kl_coef=algo.kl_coef,
+            ref_logp_BxC=ref_logp_BxC,
+            tis_cap=algo.tis_cap,
+            tis_level=algo.tis_level,
+        )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")

@@ -84,7 +84,8 @@ BAD = [
         "exactly one budget of schedule.max_steps / max_rollouts / max_compute must be set "
         "(given: none); set the others to null",
     ),
-    (["buffer.name=lifo"], "buffer.name=lifo is unknown; choose one of ['fifo', 'on_policy']"),
+    (["buffer.name=lifo"], "buffer.name=lifo is unknown; choose one of "
+     "['fifo', 'max_age', 'on_policy', 'positive_bias', 'priority']"),
     (["generation.backend=sglang"], "generation.backend=sglang is unknown; choose one of ['hf']"),
     (
         ["algo.loss_agg=sum"],
@@ -178,6 +179,7 @@ SCHEMA_FILES = {
     C.EvalConfig: "eval/default.yaml",
     C.LoggerConfig: "logger/jsonl.yaml",
     C.ComputeConfig: "train.yaml",
+    C.CheckpointConfig: "train.yaml",
     C.TrainConfig: "train.yaml",
 }
 

@@ -17,7 +17,7 @@ from replay_exp.rollout.collect import generate_rollouts
 from replay_exp.schedule import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.train import run
-from replay_exp.update import grpo_update
+from replay_exp.update import policy_update
 
 TIMING = ("compute/seconds", "compute/measured_mu")  # wall-clock measurements vary run to run
 
@@ -97,7 +97,7 @@ def test_on_policy_preset_trains_exactly_like_a_loop_without_buffer(fast, tmp_pa
             gen, tok, task, prompts, a.group_size, params, derive_seed(cfg.seed, "gen", step),
             step, step * d.rollouts_per_step, step * d.prompts_per_step,
         )  # fmt: skip
-        grpo_update(policy, opt, fresh.trimmed(), a, cfg.generation.temperature, d.max_new_tokens)
+        policy_update(policy, opt, fresh.trimmed(), a, cfg.generation.temperature, d.max_new_tokens)
 
     for (name, p_ref), p_run in zip(policy.named_parameters(), trained.parameters(), strict=True):
         assert torch.equal(p_ref, p_run), name

@@ -1,13 +1,33 @@
 """Pure loss / advantage math for GRPO with experience replay (tensors in, (loss, stats) out)."""
 
 from replay_exp.algo.advantages import group_advantages
-from replay_exp.algo.grpo import AGG_MODES, aggregate, grpo_loss, masked_mean, token_logprobs
+from replay_exp.algo.asymre import asymre_loss
+from replay_exp.algo.grpo import (
+    AGG_MODES,
+    TIS_LEVELS,
+    aggregate,
+    grpo_loss,
+    kl_k3,
+    masked_mean,
+    ratio_stats,
+    tis_weight,
+    token_logprobs,
+)
+
+# Values of ``algo.name``: the loss ``replay_exp.update.policy_update`` dispatches to.
+ALGO_NAMES = ("asymre", "grpo")
 
 __all__ = [
     "AGG_MODES",
+    "ALGO_NAMES",
+    "TIS_LEVELS",
     "aggregate",
+    "asymre_loss",
     "group_advantages",
     "grpo_loss",
+    "kl_k3",
     "masked_mean",
+    "ratio_stats",
+    "tis_weight",
     "token_logprobs",
 ]

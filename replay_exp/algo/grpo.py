@@ -24,6 +24,33 @@ Deviations from vanilla GRPO (DeepSeekMath, Shao et al. 2024):
      constant such as max_new_tokens; no per-sequence length normalisation bias.
 7. A single gradient step per batch: no inner PPO epochs over the same batch (reuse comes from
    the buffer instead).
+8. Optional truncated importance sampling (TIS), off by default (``tis_cap=None``). With a cap
+   ``c > 0`` every token's clipped surrogate ``min(ratio * A, clip(ratio) * A)`` is multiplied
+   by a DETACHED weight ``w`` (a constant: the gradient of ``w * s`` is ``w * grad s``):
+   - ``tis_level="token"``: ``w_t = min(ratio_t, c)``, the token's own ratio
+     ``pi_theta / pi_behaviour``;
+   - ``tis_level="sequence"``: ``w = min(exp(sum_t log ratio_t), c)`` over the sequence's valid
+     tokens, the same weight for every token of the sequence (``exp`` may overflow to inf; the
+     cap then gives exactly ``c``; an underflow to 0 silences the sequence).
+   What it does: the clip only zeroes the gradient of tokens that moved in the direction of
+   their advantage; where it does not bind (``ratio > 1 + eps_high`` with A < 0, ``ratio < 1 -
+   eps_low`` with A > 0, or any ratio inside the clip range) the token's gradient is
+   ``ratio * A * grad log pi``. The token-level weight makes that ``min(ratio, c) * ratio * A``:
+   tokens the current policy has made less likely than the behaviour policy did (ratio < 1)
+   are damped further and no token is weighted more than ``c`` times. Note this is ON TOP of
+   the ratio already inside the surrogate (which is taken against the stored behaviour
+   log-prob), so it is a variance-reducing reweighting, not an unbiased correction. The
+   sequence-level weight instead corrects what the per-token ratio cannot: how much more or
+   less likely the WHOLE completion (hence every prefix a token is conditioned on) is under
+   the current policy than under the stale one that sampled it, truncated at ``c`` (biased
+   but bounded variance, as in truncated IS / V-trace).
+   When to use it: heavily replayed, stale rollouts (large buffer capacity N, high reuse
+   y = B/R, infrequent weight sync), where ratios drift far from 1. ``tis_level="sequence"``
+   with ``c`` around 1-2 down-weights completions the policy has moved away from; the token
+   level is the milder option. With fresh on-policy rollouts every ratio is 1, so the weight
+   is exactly 1 and the loss equals the plain GRPO loss. Stats ``tis_weight_mean`` /
+   ``tis_weight_min`` / ``tis_weight_max`` and ``tis_capped_frac`` (valid tokens whose weight
+   was truncated at ``c``) are added when it is on.
 
 Everything here is a pure function: tensors in, ``(loss, detached stats)`` out; no config reads.
 Padding (``mask False``) may hold arbitrary garbage (0, -inf, nan); it is replaced before any
@@ -36,6 +63,7 @@ import torch
 from torch import Tensor
 
 AGG_MODES = ("token_mean", "seq_mean", "seq_sum_norm")
+TIS_LEVELS = ("token", "sequence")
 
 _ENTROPY_CHUNK_ROWS = 8  # rows of (C, V) processed at once by the no-grad entropy
 
@@ -111,6 +139,85 @@ def aggregate(loss_BxC: Tensor, mask_BxC: Tensor, mode: str, norm_len: int | Non
     return torch.where(mask_BxC, loss_BxC, zero).sum() / (max(loss_BxC.shape[0], 1) * norm_len)
 
 
+def tis_weight(
+    log_ratio_BxC: Tensor, mask_BxC: Tensor, cap: float, level: str
+) -> tuple[Tensor, Tensor]:
+    """Detached truncated importance weight (module docstring, item 8) and where it truncated.
+
+    ``log_ratio_BxC`` is ``log pi_theta - log pi_behaviour`` per token. Returns ``(w_BxC,
+    truncated_BxC)``: ``w = min(ratio_t, cap)`` (``level="token"``) or ``min(exp(sum of the
+    row's valid log-ratios), cap)`` broadcast over the row (``level="sequence"``), and a bool
+    tensor, True where the untruncated weight exceeded ``cap``. Padding positions are never
+    read; their weight is meaningless (the aggregation masks them).
+    """
+    if not cap > 0:
+        raise ValueError(f"tis cap must be > 0, got {cap}")
+    if level not in TIS_LEVELS:
+        raise ValueError(f"unknown tis level {level!r}; valid levels are {TIS_LEVELS}")
+    with torch.no_grad():
+        mask_BxC = mask_BxC.bool()
+        zero = torch.zeros((), dtype=torch.float32, device=log_ratio_BxC.device)
+        log_ratio_BxC = torch.where(mask_BxC, log_ratio_BxC.detach().float(), zero)
+        if level == "sequence":
+            log_ratio_BxC = log_ratio_BxC.sum(dim=1, keepdim=True).expand_as(mask_BxC)
+        raw_BxC = torch.exp(log_ratio_BxC)
+        return raw_BxC.clamp(max=cap), raw_BxC > cap
+
+
+def _masked_min_max(x_BxC: Tensor, mask_BxC: Tensor) -> tuple[Tensor, Tensor]:
+    """Min and max of ``x`` over valid positions; 1.0 and 1.0 if there are none."""
+    one = torch.ones((), dtype=torch.float32, device=x_BxC.device)
+    if mask_BxC.numel() == 0:  # e.g. C = 0 after RolloutBatch.trimmed() of empty rows
+        return one, one
+    has_valid = mask_BxC.any()
+    lo = torch.where(has_valid, torch.where(mask_BxC, x_BxC, torch.inf).min(), one)
+    hi = torch.where(has_valid, torch.where(mask_BxC, x_BxC, -torch.inf).max(), one)
+    return lo, hi
+
+
+def ratio_stats(log_ratio_BxC: Tensor, mask_BxC: Tensor) -> dict[str, Tensor]:
+    """Detached staleness statistics of ``ratio = exp(log_ratio)`` over valid tokens.
+
+    ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (1.0 if there are no valid tokens) and
+    ``approx_kl``: token mean of ``(ratio - 1) - log(ratio)``, the k3 estimate of
+    KL(behaviour || current). Values are 0-dim tensors (stacked into floats by the caller).
+    Padding must already be replaced by 0 in ``log_ratio_BxC``.
+    """
+    with torch.no_grad():
+        mask_BxC = mask_BxC.bool()
+        log_ratio = log_ratio_BxC.detach()
+        ratio = torch.exp(log_ratio)
+        one = torch.ones((), dtype=torch.float32, device=ratio.device)
+        ratio_min, ratio_max = _masked_min_max(ratio, mask_BxC)
+        return {
+            "ratio_mean": torch.where(mask_BxC.any(), masked_mean(ratio, mask_BxC), one),
+            "ratio_min": ratio_min,
+            "ratio_max": ratio_max,
+            "approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask_BxC),
+        }
+
+
+def kl_k3(
+    logp_BxC: Tensor,
+    ref_logp_BxC: Tensor,
+    mask_BxC: Tensor,
+    agg: str = "token_mean",
+    norm_len: int | None = None,
+) -> Tensor:
+    """Aggregated k3 estimate of KL(pi_theta || pi_ref): ``exp(d) - d - 1``, ``d = ref - logp``.
+
+    Differentiable w.r.t. ``logp_BxC`` only (the reference is a constant). Padding in either
+    input may hold garbage; it is replaced by 0 before any arithmetic (k3 = 0 there).
+    """
+    mask_BxC = mask_BxC.bool()
+    zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
+    logp_BxC = torch.where(mask_BxC, logp_BxC.float(), zero)
+    ref_BxC = torch.where(mask_BxC, ref_logp_BxC.detach().float(), zero)
+    d_BxC = ref_BxC - logp_BxC
+    k3_BxC = torch.exp(d_BxC) - d_BxC - 1.0
+    return aggregate(k3_BxC, mask_BxC, agg, norm_len)
+
+
 def grpo_loss(
     logp_BxC: Tensor,
     behaviour_logp_BxC: Tensor,
@@ -123,21 +230,27 @@ def grpo_loss(
     norm_len: int | None = None,
     kl_coef: float = 0.0,
     ref_logp_BxC: Tensor | None = None,
+    tis_cap: float | None = None,
+    tis_level: str = "token",
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped GRPO surrogate loss (to minimise) and detached stats over valid tokens.
 
     ``ratio = exp(logp - behaviour_logp)``; per token the objective is
-    ``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and
+    ``w * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and
     ``loss = -aggregate(objective) + kl_coef * aggregate(k3)`` with
-    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (only when ``kl_coef > 0``).
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (only when ``kl_coef > 0``). ``w`` is 1 unless
+    ``tis_cap`` is set; then it is the detached truncated importance weight of ``tis_weight``
+    (``tis_level`` "token" or "sequence"; module docstring, item 8).
     Gradients flow only into ``logp_BxC``; behaviour/ref log-probs and advantages are constants.
 
     Stats (python floats): ``pg_loss`` (the policy-gradient part of the loss), ``clip_frac``
     (valid tokens whose gradient the clip zeroes: ``clip_frac_low`` = ratio < 1 - eps_low with
     A < 0, plus ``clip_frac_high`` = ratio > 1 + eps_high with A > 0), ``ratio_mean`` /
     ``ratio_min`` / ``ratio_max`` (1.0 if there are no valid tokens), ``approx_kl`` (token mean of
-    ``(ratio - 1) - log(ratio)``, the k3 estimate of KL(behaviour || current)) and, when
-    ``kl_coef > 0``, ``kl_ref`` (the aggregated k3 term, so loss = pg_loss + kl_coef * kl_ref).
+    ``(ratio - 1) - log(ratio)``, the k3 estimate of KL(behaviour || current)), when
+    ``kl_coef > 0``, ``kl_ref`` (the aggregated k3 term, so loss = pg_loss + kl_coef * kl_ref)
+    and, when ``tis_cap`` is set, ``tis_weight_mean`` / ``tis_weight_min`` / ``tis_weight_max``
+    and ``tis_capped_frac`` (valid tokens whose weight was truncated at the cap).
     """
     if logp_BxC.shape != behaviour_logp_BxC.shape or logp_BxC.shape != mask_BxC.shape:
         raise ValueError(
@@ -152,6 +265,10 @@ def grpo_loss(
         raise ValueError(f"clip eps must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if kl_coef > 0 and ref_logp_BxC is None:
         raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
+    if tis_level not in TIS_LEVELS:
+        raise ValueError(f"unknown tis level {tis_level!r}; valid levels are {TIS_LEVELS}")
+    if tis_cap is not None and not tis_cap > 0:
+        raise ValueError(f"tis cap must be > 0, got {tis_cap}")
 
     mask_BxC = mask_BxC.bool()
     zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
@@ -166,46 +283,45 @@ def grpo_loss(
     unclipped_BxC = ratio_BxC * adv_Bx1
     clipped_BxC = torch.clamp(ratio_BxC, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
     objective_BxC = torch.minimum(unclipped_BxC, clipped_BxC)
+    if tis_cap is not None:
+        tis_w_BxC, tis_trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
+        objective_BxC = objective_BxC * tis_w_BxC
     pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
     loss = pg_loss
 
     kl_ref = None
     if kl_coef > 0:
         assert ref_logp_BxC is not None
-        ref_BxC = torch.where(mask_BxC, ref_logp_BxC.detach().float(), zero)
-        d_BxC = ref_BxC - logp_BxC
-        k3_BxC = torch.exp(d_BxC) - d_BxC - 1.0
-        kl_ref = aggregate(k3_BxC, mask_BxC, agg, norm_len)
+        kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len)
         loss = loss + kl_coef * kl_ref
 
     with torch.no_grad():
         ratio = ratio_BxC.detach()
         low_BxC = (ratio < 1.0 - eps_low) & (adv_Bx1 < 0) & mask_BxC
         high_BxC = (ratio > 1.0 + eps_high) & (adv_Bx1 > 0) & mask_BxC
-        has_valid = mask_BxC.any()  # no-valid-token batches report ratio stats of 1.0
-        one = torch.ones((), dtype=torch.float32, device=ratio.device)
-        if mask_BxC.numel() == 0:  # e.g. C = 0 after RolloutBatch.trimmed() of empty rows
-            ratio_min = ratio_max = one
-        else:
-            ratio_min = torch.where(has_valid, torch.where(mask_BxC, ratio, torch.inf).min(), one)
-            ratio_max = torch.where(has_valid, torch.where(mask_BxC, ratio, -torch.inf).max(), one)
-        ratio_mean = torch.where(has_valid, masked_mean(ratio, mask_BxC), one)
-        names = ["pg_loss", "clip_frac", "clip_frac_low", "clip_frac_high"]
-        values = [
-            pg_loss.detach(),
-            masked_mean((low_BxC | high_BxC).float(), mask_BxC),
-            masked_mean(low_BxC.float(), mask_BxC),
-            masked_mean(high_BxC.float(), mask_BxC),
-        ]
-        names += ["ratio_mean", "ratio_min", "ratio_max", "approx_kl"]
-        values += [
-            ratio_mean,
-            ratio_min,
-            ratio_max,
-            masked_mean((ratio - 1.0) - log_ratio_BxC.detach(), mask_BxC),
-        ]
+        values = {
+            "pg_loss": pg_loss.detach(),
+            "clip_frac": masked_mean((low_BxC | high_BxC).float(), mask_BxC),
+            "clip_frac_low": masked_mean(low_BxC.float(), mask_BxC),
+            "clip_frac_high": masked_mean(high_BxC.float(), mask_BxC),
+            **ratio_stats(log_ratio_BxC, mask_BxC),
+        }
         if kl_ref is not None:
-            names.append("kl_ref")
-            values.append(kl_ref.detach())
-        stats = dict(zip(names, torch.stack(values).float().tolist(), strict=True))
-    return loss, stats
+            values["kl_ref"] = kl_ref.detach()
+        if tis_cap is not None:
+            w_min, w_max = _masked_min_max(tis_w_BxC, mask_BxC)
+            one = torch.ones((), dtype=torch.float32, device=ratio.device)
+            values["tis_weight_mean"] = torch.where(
+                mask_BxC.any(), masked_mean(tis_w_BxC, mask_BxC), one
+            )
+            values["tis_weight_min"] = w_min
+            values["tis_weight_max"] = w_max
+            values["tis_capped_frac"] = masked_mean(tis_trunc_BxC.float(), mask_BxC)
+    return loss, stats_to_floats(values)
+
+
+def stats_to_floats(values: dict[str, Tensor]) -> dict[str, float]:
+    """0-dim tensors to python floats with one device sync."""
+    with torch.no_grad():
+        floats = torch.stack([v.float() for v in values.values()]).tolist()
+    return dict(zip(values, floats, strict=True))

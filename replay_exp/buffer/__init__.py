@@ -1,41 +1,181 @@
-"""Replay buffers: sibling policies behind ``ReplayBuffer`` (see base.py), picked by name.
+"""Replay buffers: an eviction policy x a sampling policy (+ reuse cap, shards), one interface.
 
-Adding a policy = one module implementing ``ReplayBuffer`` + one line in ``BUFFERS``.
+``make_buffer(cfg.buffer, capacity=N, ...)`` builds what the ``buffer`` config node describes:
+- ``buffer.name``: the eviction policy, one module each (``BUFFERS``): which rollouts stay.
+- ``buffer.sampling``: the sampling policy (``SAMPLERS``, sampling.py): which stored rollouts
+  form a batch.
+- ``buffer.max_reuse``: a rollout leaves after K uses (null = never), with any of the above.
+- ``buffer.shards``: T independent buffers of N/T (sharded.py).
+The loop only sees ``ReplayBuffer`` (base.py). Adding an eviction policy = one module
+implementing ``base.Eviction`` + one line in ``BUFFERS`` (+ a YAML in conf/buffer/); adding a
+sampling policy = one ``sampling.Sampler`` + one line in ``SAMPLERS``.
 """
 
 from __future__ import annotations
 
-from replay_exp.buffer.base import EmptyBufferError, ReplayBuffer, RolloutStore
-from replay_exp.buffer.fifo import FIFOBuffer
-from replay_exp.buffer.on_policy import OnPolicyBuffer
+import dataclasses
+import math
+from collections.abc import Mapping
 
-BUFFERS: dict[str, type[ReplayBuffer]] = {
-    "on_policy": OnPolicyBuffer,  # the paper's baseline: each rollout used once, newest first
-    "fifo": FIFOBuffer,  # the paper's replay: N freshest, uniform sampling without removal
+import numpy as np
+
+from replay_exp.buffer.base import EmptyBufferError, Eviction, ReplayBuffer
+from replay_exp.buffer.fifo import FIFO
+from replay_exp.buffer.max_age import MaxAge
+from replay_exp.buffer.on_policy import OnPolicy
+from replay_exp.buffer.positive_bias import PositiveBias
+from replay_exp.buffer.priority import PRIORITIES, Priority
+from replay_exp.buffer.replay import PolicyBuffer
+from replay_exp.buffer.sampling import SAMPLERS, Sampler
+from replay_exp.buffer.sharded import ShardedBuffer
+from replay_exp.buffer.store import RolloutStore
+from replay_exp.config import BufferConfig
+
+BUFFERS: dict[str, type[Eviction]] = {
+    "on_policy": OnPolicy,  # the paper's baseline: each rollout used once, newest first
+    "fifo": FIFO,  # the paper's replay: the N freshest
+    "max_age": MaxAge,  # drop rollouts more than buffer.max_age versions old
+    "positive_bias": PositiveBias,  # the freshest (1-delta)N + the freshest delta*N correct
+    "priority": Priority,  # the N of highest buffer.priority, ties: newer kept
 }
 
 
-def make_buffer(
-    name: str, *, capacity: int, max_prompt_len: int, max_completion_len: int, seed: int
-) -> ReplayBuffer:
-    """Build buffer ``name``. Every policy takes the same constructor arguments; ``seed`` is
-    ignored by policies that draw no random numbers."""
+def as_spec(bcfg, **overrides) -> BufferConfig:
+    """A ``BufferConfig`` from a config node, a mapping or a BufferConfig; ``overrides`` that
+    are not None replace fields (e.g. the resolved capacity)."""
+    if dataclasses.is_dataclass(bcfg):
+        d = dataclasses.asdict(bcfg)
+    elif isinstance(bcfg, Mapping):
+        d = dict(bcfg.items())
+    else:
+        raise TypeError(f"expected a buffer config node, mapping or BufferConfig, got {bcfg!r}")
+    known = {f.name for f in dataclasses.fields(BufferConfig)}
+    if set(d) - known:
+        raise ValueError(f"unknown buffer keys {sorted(set(d) - known)}; known: {sorted(known)}")
+    d.update({k: v for k, v in overrides.items() if v is not None})
+    return BufferConfig(**d)
+
+
+def check_buffer_config(b) -> str | None:
+    """The first problem of the buffer node ``b`` alone (schedule-independent), as a one-line
+    message naming keys and values, or None. ``resolve()`` and ``make_buffer`` both use it."""
+    name, sampling, N, T, K = b.name, b.sampling, b.capacity, b.shards, b.max_reuse
     if name not in BUFFERS:
-        raise ValueError(f"unknown buffer {name!r}; valid names: {sorted(BUFFERS)}")
-    return BUFFERS[name](
-        capacity=capacity,
+        return f"buffer.name={name} is unknown; choose one of {sorted(BUFFERS)}"
+    if sampling not in SAMPLERS:
+        return f"buffer.sampling={sampling} is unknown; choose one of {sorted(SAMPLERS)}"
+    if b.priority not in PRIORITIES:
+        return f"buffer.priority={b.priority} is unknown; choose one of {sorted(PRIORITIES)}"
+    if N is not None and N <= 0:
+        return f"buffer.capacity={N} must be > 0"
+    if T is None or T <= 0:
+        return f"buffer.shards={T} must be > 0"
+    if N is not None and N % T:
+        return f"buffer.shards={T} does not divide buffer.capacity={N}"
+    if K is not None and K <= 0:
+        return f"buffer.max_reuse={K} must be > 0 (null = unlimited)"
+    if name == "on_policy" and sampling != "uniform":
+        return (
+            f"buffer=on_policy hands out the newest rollouts once; it needs "
+            f"buffer.sampling=uniform (got buffer.sampling={sampling})"
+        )
+    if name == "on_policy" and K is not None:
+        return f"buffer=on_policy uses each rollout once; buffer.max_reuse={K} must be null"
+    for key, owner, needed, need in [
+        ("max_age", "buffer=max_age", name == "max_age", "the age limit A (policy versions)"),
+        ("delta", "buffer=positive_bias", name == "positive_bias", "delta in [0, 1]"),
+        ("recency_tau", "buffer.sampling=recency", sampling == "recency", "tau > 0 (steps)"),
+    ]:
+        v = getattr(b, key)
+        if needed and v is None:
+            return f"buffer.{key}=null: {owner} needs {need}"
+        if not needed and v is not None:
+            got = f"buffer.sampling={sampling}" if "sampling" in owner else f"buffer={name}"
+            return f"buffer.{key}={v} is only used by {owner} (got {got}); set it to null"
+    if name == "max_age" and b.max_age < 0:
+        return f"buffer.max_age={b.max_age} must be >= 0"
+    if name == "positive_bias" and not 0 <= b.delta <= 1:
+        return f"buffer.delta={b.delta} must be in [0, 1]"
+    if sampling == "recency" and not b.recency_tau > 0:
+        return f"buffer.recency_tau={b.recency_tau} must be > 0"
+    if not (math.isfinite(b.priority_alpha) and b.priority_alpha >= 0):
+        return f"buffer.priority_alpha={b.priority_alpha} must be finite and >= 0"
+    return None
+
+
+def make_buffer(
+    bcfg,
+    *,
+    capacity: int | None = None,
+    max_prompt_len: int,
+    max_completion_len: int,
+    seed: int,
+) -> ReplayBuffer:
+    """Build the buffer described by ``bcfg`` (the ``buffer`` config node, a mapping or a
+    BufferConfig). ``capacity`` (the resolved N, ``derived.capacity``) overrides
+    ``bcfg.capacity``; one of them must be set. Raises ValueError on a bad configuration."""
+    spec = as_spec(bcfg, capacity=capacity)
+    problem = check_buffer_config(spec)
+    if problem:
+        raise ValueError(problem)
+    if spec.capacity is None:
+        raise ValueError(
+            f"buffer.capacity=null: buffer={spec.name} needs the resolved capacity N "
+            "(pass capacity=derived.capacity)"
+        )
+    kw = dict(
+        eviction=BUFFERS[spec.name],
+        sampler=SAMPLERS[spec.sampling],
+        capacity=spec.capacity // spec.shards,
         max_prompt_len=max_prompt_len,
         max_completion_len=max_completion_len,
-        seed=seed,
     )
+    if spec.shards == 1:
+        return PolicyBuffer(spec, **kw, seed=seed)
+    seeds = np.random.SeedSequence(seed).spawn(spec.shards)
+    return ShardedBuffer([PolicyBuffer(spec, **kw, seed=s) for s in seeds])
+
+
+class FIFOBuffer(PolicyBuffer):
+    """Shorthand for ``make_buffer({"name": "fifo", ...})``: the paper's replay buffer."""
+
+    def __init__(
+        self, capacity: int, max_prompt_len: int, max_completion_len: int, seed: int = 0, **spec
+    ):
+        spec = as_spec({"name": "fifo", "capacity": capacity, **spec})
+        if problem := check_buffer_config(spec):
+            raise ValueError(problem)
+        super().__init__(
+            spec, FIFO, SAMPLERS[spec.sampling], capacity=capacity,
+            max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, seed=seed,
+        )  # fmt: skip
+
+
+class OnPolicyBuffer(PolicyBuffer):
+    """Shorthand for ``make_buffer({"name": "on_policy", ...})``: the no-buffer baseline."""
+
+    def __init__(self, capacity: int, max_prompt_len: int, max_completion_len: int, seed: int = 0):
+        spec = as_spec({"name": "on_policy", "capacity": capacity})
+        super().__init__(
+            spec, OnPolicy, SAMPLERS["uniform"], capacity=capacity,
+            max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, seed=seed,
+        )  # fmt: skip
 
 
 __all__ = [
     "BUFFERS",
+    "SAMPLERS",
+    "PRIORITIES",
     "EmptyBufferError",
+    "Eviction",
     "FIFOBuffer",
     "OnPolicyBuffer",
+    "PolicyBuffer",
     "ReplayBuffer",
     "RolloutStore",
+    "Sampler",
+    "ShardedBuffer",
+    "as_spec",
+    "check_buffer_config",
     "make_buffer",
 ]

@@ -47,8 +47,8 @@ class Generator(ABC):
         """Sample one completion per row of the left-padded prompts, reproducibly from ``seed``."""
 
     @abstractmethod
-    def sync_weights(self, policy: torch.nn.Module, version: int) -> None:
-        """Load ``policy``'s weights; later rollouts carry ``version``."""
+    def sync_weights(self, weights: torch.nn.Module | dict, version: int) -> None:
+        """Load ``weights`` (a module or a state dict); later rollouts carry ``version``."""
 
 
 def completion_mask(ids_BxC: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,9 +30,10 @@ class HFGenerator(Generator):
         self.pad_id, self.eos_id, self.chunk_size = pad_id, eos_id, chunk_size
         self.version = 0
 
-    def sync_weights(self, policy: torch.nn.Module, version: int) -> None:
+    def sync_weights(self, weights: torch.nn.Module | dict, version: int) -> None:
         if not self.share_weights:
-            self.model.load_state_dict(policy.state_dict())
+            state = weights if isinstance(weights, dict) else weights.state_dict()
+            self.model.load_state_dict(state)
         self.version = version
 
     @torch.no_grad()

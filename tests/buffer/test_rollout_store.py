@@ -1,14 +1,14 @@
-"""RolloutStore: encoding round trip, widths, ring eviction, lazy growth, telemetry."""
+"""RolloutStore and its index structures: encoding round trip, widths, slots, lazy growth."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 
+import numpy as np
 import pytest
 import torch
 
-from replay_exp.buffer.base import RolloutStore
+from replay_exp.buffer.store import RolloutStore, SlotQueue, SlotSet
 from replay_exp.types import RolloutBatch
 
 
@@ -19,33 +19,27 @@ def assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
         assert torch.equal(x, y), f.name
 
 
-def stored_uids(store: RolloutStore) -> list[int]:
-    return store.state_dict()["rows"]["uid"].tolist()
-
-
 def test_round_trip_mixed_widths_is_bit_identical(make_rollouts):
     store = RolloutStore(64, max_prompt_len=10, max_completion_len=9)
     a = make_rollouts(5, 0, 0, p_width=3, c_width=9)
     b = make_rollouts(4, 0, 5, p_width=10, c_width=2)
-    store.append(a)
-    store.append(b)
-    out = store.gather(torch.arange(9), step=0)
+    slots = np.concatenate([store.append(a), store.append(b)])
+    out = store.gather(slots)
     # cat() pads with 0 like the store does beyond a batch's own width; PAD_ID is kept inside it
     assert_same(out, RolloutBatch.cat([a, b]).trimmed())
     assert out.prompt_ids_BxP.dtype == torch.int64 and out.prompt_mask_BxP.dtype == torch.bool
     # a subset is trimmed to its own widths: rows 1..4 of `a` never reach prompt width 3
-    sub = store.gather(torch.tensor([3, 1]), step=0)
+    sub = store.gather(slots[[3, 1]])
     assert_same(sub, a.index(torch.tensor([3, 1])).trimmed())
 
 
 def test_storage_dtypes_are_compact(make_rollouts):
     store = RolloutStore(8, 4, 4)
     store.append(make_rollouts(3, 0, 0, p_width=4, c_width=4))
-    rows = store.state_dict()["rows"]
-    assert rows["prompt_ids"].dtype == torch.int32
-    assert rows["completion_ids"].dtype == torch.int32
-    assert rows["behaviour_logp"].dtype == torch.float32
-    assert "prompt_mask" not in rows and rows["prompt_len"].shape == (3,)
+    assert store.rows["prompt_ids"].dtype == np.int32
+    assert store.rows["completion_ids"].dtype == np.int32
+    assert store.rows["behaviour_logp"].dtype == np.float32
+    assert "prompt_mask" not in store.rows and store.rows["prompt_len"].dtype == np.int32
 
 
 def test_rows_wider_than_store_raise(make_rollouts):
@@ -60,8 +54,7 @@ def test_rows_wider_than_store_raise(make_rollouts):
 def test_wide_tensors_with_short_rows_are_accepted(make_rollouts):
     store = RolloutStore(8, max_prompt_len=4, max_completion_len=3)
     b = make_rollouts(3, 0, 0, p_width=4, c_width=3).pad_to(7, 6)  # all-pad extra columns
-    store.append(b)
-    assert_same(store.gather(torch.arange(3), 0), b.trimmed())
+    assert_same(store.gather(store.append(b)), b.trimmed())
 
 
 def test_non_contiguous_masks_and_big_ids_raise(make_rollouts):
@@ -81,21 +74,19 @@ def test_non_contiguous_masks_and_big_ids_raise(make_rollouts):
         store.append(b)
 
 
-def test_ring_evicts_oldest_and_counts(make_rollouts):
+def test_freed_slots_are_reused_and_rows_overwritten(make_rollouts):
     store = RolloutStore(10, 6, 5)
-    uid = 0
-    expected: list[int] = []
-    for step, R in enumerate([4, 3, 7, 1, 12, 5]):  # 12 > capacity: only its last 10 stay
-        store.append(make_rollouts(R, step, uid))
-        expected = (expected + list(range(uid, uid + R)))[-10:]
-        uid += R
-        assert stored_uids(store) == expected
-        assert len(store) == len(expected)
-    s = store.stats()
-    assert s["added_total"] == uid == 32
-    assert s["evicted_total"] == s["evicted_unused_total"] == 22
-    # full-width rows are overwritten when a slot is reused: logical order reads back exactly
-    assert store.gather(torch.arange(10), 6).uid_B.tolist() == expected
+    s0 = store.append(make_rollouts(4, 0, 0))
+    assert s0.tolist() == [0, 1, 2, 3]
+    store.free(np.array([1, 2]))
+    assert sorted(store.live.members().tolist()) == [0, 3] and len(store) == 2
+    b = make_rollouts(3, 1, 4)
+    s1 = store.append(b)
+    assert s1.tolist() == [2, 1, 4]  # the free stack (last freed first), then a fresh slot
+    assert_same(store.gather(s1), b.trimmed())
+    assert store.rows["seq"][s1].tolist() == [4, 5, 6]  # insertion numbers keep counting
+    assert store.rows["uses"][s1].tolist() == [0, 0, 0]
+    assert store.current(s0, np.array([0, 1, 2, 3])).tolist() == [True, False, False, True]
 
 
 def test_lazy_growth_by_doubling(make_rollouts):
@@ -106,51 +97,58 @@ def test_lazy_growth_by_doubling(make_rollouts):
         sizes.append(store.allocated)
     assert len(store) == 100
     assert sizes == [16, 32, 32, 64, 64, 64, 128, 128, 128, 128]
-    nbytes = sum(t.numel() * t.element_size() for t in store._rows.values())
-    # 128 rows x (ids + log-probs, 4 bytes each + 64 bytes of metadata): ~1.3 MB, not ~5.7 GB
-    assert nbytes == 128 * ((512 + 2 * 1024) * 4 + 64)
+    nbytes = sum(v.nbytes for v in store.rows.values())
+    # 128 rows x (ids + log-probs, 4 bytes each, + 5 x 4 + 7 x 8 bytes of metadata): ~1.3 MB
+    assert nbytes == 128 * ((512 + 2 * 1024) * 4 + 76)
 
 
-def test_growth_preserves_wrapped_order(make_rollouts):
+def test_growth_is_capped_at_capacity_plus_one_add(make_rollouts):
     store = RolloutStore(40, 6, 5)
-    uid, expected = 0, []
-    for step, R in enumerate([16, 16, 6, 11, 9, 30, 3]):
-        store.append(make_rollouts(R, step, uid))
-        expected = (expected + list(range(uid, uid + R)))[-40:]
-        uid += R
-        assert stored_uids(store) == expected
-    assert store.allocated == 40
+    store.append(make_rollouts(30, 0, 0))
+    assert store.allocated == 30  # max(needed, 2 x allocated, 16)
+    store.append(make_rollouts(12, 1, 30))  # 42 rows before the policy evicts: beyond N
+    assert store.allocated == 42
 
 
-def test_telemetry_and_stats(make_rollouts):
-    store = RolloutStore(8, 6, 5)
-    b = make_rollouts(4, 0, 0)
-    b.reward_B = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    store.append(b)
-    store.append(make_rollouts(2, 2, 4, version=1))  # created at step 2 by version 1
-    s = store.stats()
-    assert math.isnan(s["batch_age_mean"])
-    store.gather(torch.tensor([0, 4]), step=3)  # ages 3 and 1; lags 3 and 2
-    store.gather(torch.tensor([0, 1, 5]), step=4)  # ages 4, 4, 2; lags 4, 4, 3; prev uses 1,0,0
-    s = store.stats()
-    assert s["batch_age_mean"] == pytest.approx(10 / 3)
-    assert s["batch_age_max"] == 4
-    assert s["batch_version_lag_mean"] == pytest.approx(11 / 3)
-    assert s["batch_version_lag_max"] == 4
-    assert s["batch_prev_uses_mean"] == pytest.approx(1 / 3)
-    assert s["batch_frac_fresh"] == 0
-    rows = store.state_dict()["rows"]
-    assert rows["uses"].tolist() == [2, 1, 0, 0, 1, 1]
-    assert rows["last_used_step"].tolist() == [4, 4, -1, -1, 3, 4]
-    assert s["uses_mean"] == pytest.approx(5 / 6) and s["uses_max"] == 2
-    assert s["frac_never_used"] == pytest.approx(2 / 6)
-    assert s["frac_correct"] == pytest.approx((2 + int(rows["reward"][4:].gt(0).sum())) / 6)
-    assert s["sampled_total"] == 5 and s["size"] == 6 and s["capacity"] == 8
-    store.gather(torch.tensor([3]), step=4)  # created at step 0 -> age 4, not fresh
-    assert store.stats()["batch_frac_fresh"] == 0
-    store.gather(torch.tensor([5]), step=2)
-    assert store.stats()["batch_frac_fresh"] == 1
-    # evict all six: row 2 was never used (row 3 was used just above)
-    store.append(make_rollouts(8, 5, 6))
-    s = store.stats()
-    assert s["evicted_total"] == 6 and s["evicted_unused_total"] == 1
+def test_slot_set_add_remove_sample():
+    s, ref = SlotSet(), set()
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        if ref and rng.random() < 0.45:
+            out = rng.choice(sorted(ref), size=rng.integers(1, len(ref) + 1), replace=False)
+            s.remove(out)
+            ref -= set(out.tolist())
+        else:
+            new = np.setdiff1d(rng.integers(0, 300, size=5), sorted(ref))
+            s.add(new)
+            ref |= set(new.tolist())
+        assert len(s) == len(ref) and set(s.members().tolist()) == ref
+        assert (s.pos[s.members()] == np.arange(len(s))).all()
+        probe = np.arange(320)
+        assert s.contains(probe).tolist() == [i in ref for i in range(320)]
+        k = min(len(ref), 4)
+        got = s.sample(k, rng)
+        assert len(set(got.tolist())) == k and set(got.tolist()) <= ref
+
+
+def test_slot_queue_order_discard_and_compaction():
+    q = SlotQueue()
+    seq = 0
+    ref: list[int] = []
+    for step in range(60):
+        slots = np.arange(step * 3, step * 3 + 3)
+        q.push(slots, np.arange(seq, seq + 3))
+        seq += 3
+        ref += slots.tolist()
+        q.discard(np.array([ref[len(ref) // 2]]))  # one from the middle goes stale
+        ref.pop(len(ref) // 2)
+        if step % 5 == 4:
+            assert q.pop_front(4).tolist() == ref[:4]
+            ref = ref[4:]
+        if step % 7 == 6:
+            assert q.pop_back(2).tolist() == ref[-2:]
+            ref = ref[:-2]
+        assert len(q) == len(ref) and q.members().tolist() == ref
+    assert len(q.slot) < 4 * len(ref) + 64  # stale entries were compacted away
+    assert q.pop_front(10**6).tolist() == ref and len(q) == 0
+    assert q.pop_back(3).tolist() == []

@@ -1,0 +1,159 @@
+"""algo.name dispatch (grpo | asymre) in the update and the algo checks of resolve()."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from replay_exp.algo import asymre_loss, grpo_loss
+from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.types import RolloutBatch
+from replay_exp.update import policy_logprobs, policy_update
+
+# ---------------------------------------------------------------- resolve()
+
+BAD_ALGO = [
+    (["algo.name=ppo"], "algo.name=ppo is unknown; choose one of ['asymre', 'grpo']"),
+    (["algo.tis_cap=0"], "algo.tis_cap=0.0 must be > 0 (or null for no truncated IS)"),
+    (["algo.tis_cap=-1.5"], "algo.tis_cap=-1.5 must be > 0 (or null for no truncated IS)"),
+    (["algo.tis_level=seq"], "algo.tis_level=seq is unknown; choose one of ['sequence', 'token']"),
+    (
+        ["algo=asymre", "algo.tis_cap=2"],
+        "algo.tis_cap=2.0 needs algo.name=grpo; asymre has no ratio",
+    ),
+    (
+        ["algo=asymre", "algo.adv_normalize_std=true"],
+        "algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)",
+    ),
+    (["algo=asymre", "algo.asymre_dv=nan"], "algo.asymre_dv=nan must be finite"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_ALGO, ids=[" ".join(o) for o, _ in BAD_ALGO])
+def test_bad_algo_config(overrides, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        resolve(compose([*overrides, f"output_root={tmp_path / 'runs'}"]))
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algo=asymre"],
+        ["algo=asymre", "algo.kl_coef=0.05", "algo.asymre_dv=0"],  # KL allowed with AsymRE
+        ["algo.tis_cap=2", "algo.tis_level=sequence"],
+        ["algo.tis_cap=1.5"],
+    ],
+)
+def test_good_algo_config(overrides):
+    cfg, _ = resolve(compose(overrides))
+    assert cfg.algo.name in ("asymre", "grpo")
+
+
+def test_asymre_yaml_holds_only_the_delta():
+    a = resolve(compose(["algo=asymre"]))[0].algo
+    g = resolve(compose([]))[0].algo
+    assert (a.name, a.adv_normalize_std, a.asymre_dv) == ("asymre", False, -0.1)
+    differ = {k for k in g if g[k] != a[k]}
+    assert differ == {"name", "adv_normalize_std"}
+    assert g.tis_cap is None and g.tis_level == "token"
+
+
+# ---------------------------------------------------------------- update dispatch
+
+
+class _TinyLM(torch.nn.Module):
+    """Embedding -> linear head; enough for policy_logprobs (returns ``.logits``)."""
+
+    def __init__(self, vocab: int = 5, dim: int = 4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return SimpleNamespace(logits=self.head(self.emb(input_ids)))
+
+
+def _batch(behaviour_shift: float = 0.0) -> RolloutBatch:
+    # 2 prompts x G=2; rewards [1, 0 | 1, 1] -> unnormalised A [0.5, -0.5 | 0, 0]
+    B = 4
+    return RolloutBatch(
+        prompt_ids_BxP=torch.tensor([[0, 1], [0, 1], [2, 3], [2, 3]]),
+        prompt_mask_BxP=torch.ones(B, 2, dtype=torch.bool),
+        completion_ids_BxC=torch.tensor([[4, 2, 0], [3, 0, 0], [1, 1, 4], [2, 4, 0]]),
+        completion_mask_BxC=torch.tensor(
+            [[True, True, False], [True, False, False], [True, True, True], [True, True, False]]
+        ),
+        behaviour_logp_BxC=torch.full((B, 3), -1.6 + behaviour_shift),
+        reward_B=torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        advantage_B=torch.tensor([0.5, -0.5, 0.0, 0.0]),
+        version_B=torch.zeros(B, dtype=torch.long),
+        created_step_B=torch.zeros(B, dtype=torch.long),
+        group_id_B=torch.tensor([0, 0, 1, 1]),
+        uid_B=torch.arange(B),
+    )
+
+
+def _algo(**kw):
+    base = dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0, loss_agg="token_mean",
+                adv_normalize_std=False, grad_clip=None, tis_cap=None, tis_level="token",
+                asymre_dv=-0.1)  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _step(algo, batch):
+    model = _TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = policy_update(model, opt, batch, algo, temperature=1.0, norm_len=3)
+    return model, stats
+
+
+def test_update_dispatches_to_asymre_with_baseline_r_minus_a():
+    # V_hat = r - A = [0.5, 0.5, 1, 1]: the same step as calling asymre_loss by hand.
+    batch = _batch()
+    model, stats = _step(_algo(name="asymre"), batch)
+    ref = _TinyLM()
+    logp, _ = policy_logprobs(ref, batch)
+    loss, expect = asymre_loss(
+        logp, batch.reward_B, torch.tensor([0.5, 0.5, 1.0, 1.0]), batch.completion_mask_BxC,
+        dv=-0.1, behaviour_logp_BxC=batch.behaviour_logp_BxC,
+    )  # fmt: skip
+    loss.backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    for key in ("pg_loss", "coef_mean", "coef_pos_frac", "ratio_mean", "approx_kl"):
+        assert stats[key] == pytest.approx(expect[key])
+    for key in ("loss", "grad_norm", "entropy", "batch_size", "tokens"):
+        assert key in stats
+    assert "clip_frac" not in stats
+    # no dependence on behaviour log-probs: the step is bitwise the same from stale rollouts
+    stale, stale_stats = _step(_algo(name="asymre"), _batch(behaviour_shift=-2.0))
+    for p, q in zip(model.parameters(), stale.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert stale_stats["ratio_mean"] != stats["ratio_mean"]
+
+
+def test_update_grpo_passes_tis_and_rejects_unknown_and_normalised_asymre():
+    batch = _batch(behaviour_shift=0.3)
+    _, plain = _step(_algo(), batch)
+    _, tis = _step(_algo(tis_cap=1.0, tis_level="sequence"), batch)
+    assert "tis_weight_mean" not in plain and "clip_frac" in plain
+    assert tis["tis_weight_max"] <= 1.0 and tis["pg_loss"] != plain["pg_loss"]
+    ref = _TinyLM()
+    logp, _ = policy_logprobs(ref, batch)
+    _, expect = grpo_loss(
+        logp, batch.behaviour_logp_BxC, batch.advantage_B, batch.completion_mask_BxC,
+        tis_cap=1.0, tis_level="sequence",
+    )  # fmt: skip
+    assert tis["tis_weight_mean"] == pytest.approx(expect["tis_weight_mean"])
+    with pytest.raises(ValueError, match="choose one of"):
+        _step(_algo(name="ppo"), batch)
+    with pytest.raises(ValueError, match="adv_normalize_std=false"):
+        _step(_algo(name="asymre", adv_normalize_std=True), batch)
