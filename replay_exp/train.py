@@ -6,10 +6,11 @@ The loop (``run``) reads top to bottom like the algorithm:
 
     for step until budget:
         maybe sync generator weights (every k steps)
-        fresh = generate R rollouts (R/G prompts x G samples), rewards, frozen advantages
-        buffer.add(fresh, step)
-        batch = buffer.sample(B, step)
-        one GRPO update on batch
+        fresh = generate R rollouts (R/G prompts x G samples; under schedule=async the
+                emulated cluster's arrivals), rewards, frozen advantages
+        buffer.add(fresh, step)            # the eviction policy decides what leaves
+        batch = buffer.sample(B, step)     # the sampling policy; per-use telemetry recorded
+        one policy update on batch (GRPO or AsymRE)
         ledger + log; every n steps evaluate on the held-out split
         every c steps snapshot every component (relaunching resumes from the latest)
 
@@ -98,7 +99,7 @@ def run(
             dropped,
         )
     log.info(
-        "B=%d R=%d (y=B/R=%.3g) N=%d (x=N/R=%.3g) steps=%d",
+        "B=%d R=%.4g (y=B/R=%.3g) N=%d (x=N/R=%.3g) steps=%d",
         cfg.schedule.batch_size,
         derived.rollouts_per_step,
         derived.reuse_ratio,

@@ -37,7 +37,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from replay_exp.algo.grpo import aggregate, kl_k3, masked_mean, ratio_stats, stats_to_floats
+from replay_exp.algo.grpo import (
+    aggregate,
+    masked_mean,
+    ratio_stats,
+    stats_to_floats,
+    with_kl_penalty,
+)
 
 
 def asymre_loss(
@@ -94,13 +100,9 @@ def asymre_loss(
     coef_B = reward_B.detach().float() - (baseline_B.detach().float() + dv)
     objective_BxC = coef_B.unsqueeze(1) * logp_BxC
     pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
-    loss = pg_loss
-
-    kl_ref = None
-    if kl_coef > 0:
-        assert ref_logp_BxC is not None
-        kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len)
-        loss = loss + kl_coef * kl_ref
+    loss, kl_ref = with_kl_penalty(
+        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len
+    )
 
     with torch.no_grad():
         rows_B = torch.ones(B, dtype=torch.bool, device=coef_B.device)

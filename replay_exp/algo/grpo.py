@@ -287,13 +287,9 @@ def grpo_loss(
         tis_w_BxC, tis_trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
         objective_BxC = objective_BxC * tis_w_BxC
     pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
-    loss = pg_loss
-
-    kl_ref = None
-    if kl_coef > 0:
-        assert ref_logp_BxC is not None
-        kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len)
-        loss = loss + kl_coef * kl_ref
+    loss, kl_ref = with_kl_penalty(
+        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len
+    )
 
     with torch.no_grad():
         ratio = ratio_BxC.detach()
@@ -318,6 +314,25 @@ def grpo_loss(
             values["tis_weight_max"] = w_max
             values["tis_capped_frac"] = masked_mean(tis_trunc_BxC.float(), mask_BxC)
     return loss, stats_to_floats(values)
+
+
+def with_kl_penalty(
+    pg_loss: Tensor,
+    logp_BxC: Tensor,
+    ref_logp_BxC: Tensor | None,
+    mask_BxC: Tensor,
+    kl_coef: float,
+    agg: str,
+    norm_len: int | None,
+) -> tuple[Tensor, Tensor | None]:
+    """``(pg_loss + kl_coef * KL_k3(pi_theta || pi_ref), the KL term)``; the KL term is None and
+    the loss unchanged when ``kl_coef == 0``."""
+    if kl_coef <= 0:
+        return pg_loss, None
+    if ref_logp_BxC is None:
+        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
+    kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len)
+    return pg_loss + kl_coef * kl_ref, kl_ref
 
 
 def stats_to_floats(values: dict[str, Tensor]) -> dict[str, float]:
