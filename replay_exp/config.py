@@ -7,9 +7,12 @@ impossible combinations with a one-line :class:`ConfigError` naming the keys and
 any model is built or any file is written.
 """
 
+import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any  # noqa: UP035  (OmegaConf needs typing.Optional)
 
 from hydra.core.config_store import ConfigStore
@@ -81,8 +84,9 @@ class ScheduleConfig:
     batch_size: int = 64  # B
     rollouts_per_step: int | None = None  # R (sync)
     reuse_ratio: float | None = None  # y = B / R (sync)
-    workers: int = 6  # W inference workers (async)
+    workers: int | None = None  # W inference workers (async); null = gpus - trainers
     trainers: int = 2  # T trainers (async)
+    gpus: int | None = 8  # W + T GPUs of the node (async); null = W and T as given
     sync_every: int = 1  # k
     sync_lag: int = 0  # generator weights are this many versions old at a sync
     max_steps: int | None = None
@@ -131,10 +135,21 @@ class EvalConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str = "replay-exp"
+    entity: str | None = None
+    group: str | None = None  # None: the sweep's folder inside a multirun, else no group
+    tags: list[str] = field(default_factory=list)
+    mode: str | None = None  # online | offline | disabled; None = $WANDB_MODE / wandb default
+    name: str | None = None  # None: the run directory's name
+
+
+@dataclass
 class LoggerConfig:
-    name: str = "jsonl"
+    name: str = "jsonl"  # jsonl | wandb (metrics.jsonl is always written)
     log_every: int = 1
     progress: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # read by logger=wandb only
 
 
 @dataclass
@@ -164,6 +179,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None
     output_root: str = "runs"
+    sweep_name: str | None = None
     run_dir: str = MISSING
     save_final_model: bool = True
 
@@ -185,21 +201,42 @@ def register_configs() -> None:
         cs.store(group=group, name="schema", node=node)
 
 
-def _job_suffix() -> str:
-    """'' for a single run; '/<job num>_<overrides>' inside a Hydra multirun."""
+_STAMP = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")  # one per process
+
+
+def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
+    """The run directory when ``run_dir`` is not given.
+
+    - A single run: ``<output_root>/<date>_<time>``.
+    - A job of a Hydra multirun: ``<output_root>/<sweep_name or "multirun">/<overrides>``,
+      named by the job's overrides (sorted, cosmetic keys excluded, see train.yaml's
+      ``hydra.job.config.override_dirname``) plus the seed, so a sweep's folder explains itself
+      and relaunching a sweep finds its runs again: finished ones are skipped, unfinished ones
+      resume from their last snapshot.
+    """
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
-        return ""
-    hc = HydraConfig.get()
-    if str(hc.mode) != "RunMode.MULTIRUN":
-        return ""
-    name = hc.job.override_dirname or "default"
-    return f"/{hc.job.num}_{name}"
+    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+        return f"{output_root}/{_STAMP}"
+    name = HydraConfig.get().job.override_dirname
+    if not re.search(r"(^|,)seed=", name):
+        name = f"{name},seed={seed}" if name else f"seed={seed}"
+    name = re.sub(r"[^\w.,=+@:-]", "_", name)  # no path separators or spaces in a name
+    if len(name) > 160:  # file names have a 255-byte limit: keep a readable head + a hash
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = f"{name[:120]}..{digest}"
+    return f"{output_root}/{sweep_dir_name(sweep_name)}/{name}"
 
 
-if not OmegaConf.has_resolver("job_suffix"):
-    OmegaConf.register_new_resolver("job_suffix", _job_suffix)
+def sweep_dir_name(sweep_name: str | None) -> str:
+    """Folder of a multirun's runs under output_root: the sweep's name, or ``multirun``."""
+    return sweep_name or "multirun"
+
+
+if not OmegaConf.has_resolver("default_run_dir"):
+    OmegaConf.register_new_resolver("default_run_dir", default_run_dir)
+if not OmegaConf.has_resolver("sweep_dir_name"):
+    OmegaConf.register_new_resolver("sweep_dir_name", sweep_dir_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,8 +305,15 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _fail(f"model.dtype={cfg.model.dtype} is unknown; choose float32, bfloat16 or float16")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         _fail(f"device={cfg.device} is unknown; choose auto, cpu, cuda or cuda:N")
-    if cfg.logger.name != "jsonl":
-        _fail(f"logger.name={cfg.logger.name} is unknown; choose one of ['jsonl']")
+    from replay_exp.logging import LOGGERS, WANDB_MODES
+
+    if cfg.logger.name not in LOGGERS:
+        _fail(f"logger.name={cfg.logger.name} is unknown; choose one of {sorted(LOGGERS)}")
+    if cfg.logger.wandb.mode is not None and cfg.logger.wandb.mode not in WANDB_MODES:
+        _fail(
+            f"logger.wandb.mode={cfg.logger.wandb.mode} is unknown; choose one of "
+            f"{list(WANDB_MODES)} or null (wandb's own default)"
+        )
 
     # Sizes.
     G, B = a.group_size, s.batch_size
@@ -355,8 +399,17 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
                 f"schedule=async derives R from workers, trainers and compute.mu; set "
                 f"schedule.rollouts_per_step={R} and schedule.reuse_ratio={y} to null"
             )
-        _positive("schedule.workers", s.workers)
         _positive("schedule.trainers", s.trainers)
+        if s.workers is None:
+            if s.gpus is None:
+                _fail("schedule.workers=null and schedule.gpus=null: set one of them")
+            s.workers = s.gpus - s.trainers  # the paper's node: W + T = gpus
+        elif s.gpus is not None and s.workers + s.trainers != s.gpus:
+            _fail(
+                f"schedule.workers={s.workers} + schedule.trainers={s.trainers} != "
+                f"schedule.gpus={s.gpus}; set schedule.gpus=null to use another node size"
+            )
+        _positive("schedule.workers", s.workers)
         _positive("compute.mu", mu)
         R = B * s.workers / (mu * s.trainers)  # mean arrivals per step (a float)
     if R is not None and y is not None:

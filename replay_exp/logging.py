@@ -1,5 +1,9 @@
 """Run-directory logging: ``metrics.jsonl`` is the source of truth.
 
+The trainer talks to one logger (:func:`make_logger`): ``log(row)``, ``log_histograms(step,
+telemetry)`` at each evaluation, ``close(summary)``. ``logger=jsonl`` writes metrics.jsonl only;
+``logger=wandb`` writes it too and mirrors rows, buffer histograms, config and summary to W&B.
+
 Each row is written with one ``os.write`` on a file opened with O_APPEND, so a run killed
 mid-write leaves at most one truncated last line; :func:`read_metrics` skips such a line with a
 warning instead of failing.
@@ -7,12 +11,17 @@ warning instead of failing.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
 import math
 import os
 import warnings
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("replay_exp")
 
 
 def _clean(v: Any) -> Any:
@@ -49,3 +58,146 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 warnings.warn(f"{path}:{i}: skipping a truncated or corrupt line", stacklevel=2)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Loggers: what the trainer calls. metrics.jsonl is always written; W&B mirrors it.
+# ---------------------------------------------------------------------------------------------
+
+TELEMETRY_EDGES = list(range(66))  # bins 0..63, then the overflow bin drawn as [64, 65)
+
+
+class JsonlLogger:
+    """``logger=jsonl``: rows go to ``run_dir/metrics.jsonl``; histograms already live in
+    ``buffer_telemetry.json``, so :meth:`log_histograms` does nothing."""
+
+    def __init__(self, run_dir: str | Path):
+        self.writer = MetricsWriter(Path(run_dir) / "metrics.jsonl")
+
+    def log(self, row: dict[str, Any]) -> None:
+        """One metrics row; ``row["step"]`` is its step."""
+        self.writer.write(row)
+
+    def log_histograms(self, step: int, telemetry: dict[str, list[int]]) -> None:
+        """The buffer's cumulative bin counts (bins 0..63 + overflow) at an evaluation."""
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        self.writer.close()
+
+
+class WandbLogger(JsonlLogger):
+    """``logger=wandb``: everything :class:`JsonlLogger` writes, mirrored to a W&B run.
+
+    The W&B run lives in ``run_dir/wandb`` and its id is derived from the run directory, so a
+    resumed run continues the same W&B run. Any W&B failure (import, init, log, finish) logs
+    one warning and turns W&B off for the rest of the run; metrics.jsonl carries on.
+    """
+
+    def __init__(self, cfg: Any, run_dir: str | Path, config: dict[str, Any]):
+        """``cfg`` is the ``logger.wandb`` node."""
+        super().__init__(run_dir)
+        self.run = None
+        run_dir = Path(run_dir)
+        try:
+            import wandb
+
+            self._wandb = wandb
+            self.run = wandb.init(
+                project=cfg.project,
+                entity=cfg.entity,
+                group=cfg.group if cfg.group is not None else sweep_name(run_dir),
+                name=cfg.name if cfg.name is not None else run_dir.name,
+                tags=list(cfg.tags),
+                mode=cfg.mode,
+                dir=str(run_dir),
+                id=wandb_run_id(run_dir),
+                resume="allow",
+                config=flatten(config, "."),
+            )
+        except Exception as e:  # W&B must never stop training
+            self._disable("init", e)
+
+    def log(self, row: dict[str, Any]) -> None:
+        super().log(row)
+        if self.run is not None:
+            try:
+                self.run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+            except Exception as e:
+                self._disable("log", e)
+
+    def log_histograms(self, step: int, telemetry: dict[str, list[int]]) -> None:
+        if self.run is None:
+            return
+        try:
+            hists = {
+                f"buffer_telemetry/{name}": self._wandb.Histogram(
+                    np_histogram=(list(counts), TELEMETRY_EDGES[: len(counts) + 1])
+                )
+                for name, counts in telemetry.items()
+            }
+            self.run.log(hists, step=step)
+        except Exception as e:
+            self._disable("log_histograms", e)
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        super().close()
+        if self.run is None:
+            return
+        try:
+            if summary:
+                self.run.summary.update(flatten(summary, "/"))
+            self.run.finish()
+        except Exception as e:
+            self._disable("finish", e)
+        self.run = None
+
+    def _disable(self, what: str, e: Exception) -> None:
+        msg = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+        log.warning(
+            "W&B %s failed (%s); W&B is off for the rest of this run, metrics.jsonl continues",
+            what,
+            msg,
+        )
+        run, self.run = self.run, None
+        if run is not None:
+            with contextlib.suppress(Exception):  # already off; nothing more to do
+                run.finish(exit_code=1)
+
+
+LOGGERS = {"jsonl": JsonlLogger, "wandb": WandbLogger}
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def make_logger(cfg: Any, run_dir: str | Path, config: dict[str, Any]) -> JsonlLogger:
+    """The logger named by ``cfg.logger.name`` for ``run_dir``; ``config`` is the resolved
+    config (with ``derived``), sent to W&B as flat dotted keys (``buffer.capacity``)."""
+    if cfg.logger.name == "wandb":
+        return WandbLogger(cfg.logger.wandb, run_dir, config)
+    return JsonlLogger(run_dir)
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """A stable W&B run id: a hash of the run directory's absolute path."""
+    path = str(Path(run_dir).expanduser().resolve())
+    return hashlib.sha1(path.encode()).hexdigest()[:16]
+
+
+def sweep_name(run_dir: str | Path) -> str | None:
+    """The sweep's folder (the parent of ``run_dir``) inside a Hydra multirun, else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+        return None
+    return Path(run_dir).expanduser().resolve().parent.name
+
+
+def flatten(d: dict[str, Any], sep: str, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (with ``sep="."``); lists stay values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, sep, key))
+        else:
+            out[key] = v
+    return out

@@ -20,6 +20,7 @@ policy's evaluation. Snapshot step_s (run_dir/checkpoints) is also the state aft
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -32,7 +33,7 @@ import hydra
 import numpy as np
 import torch
 import transformers
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -50,7 +51,7 @@ from replay_exp.checkpoint import (
 from replay_exp.compute import Ledger, flop_params
 from replay_exp.config import ConfigError, Derived, register_configs, resolve
 from replay_exp.evaluate import evaluate
-from replay_exp.logging import MetricsWriter
+from replay_exp.logging import make_logger
 from replay_exp.models import load_policy
 from replay_exp.rollout import BACKENDS, HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts
@@ -164,7 +165,10 @@ def _train(
         Every(cfg.eval.every),
         Every(cfg.logger.log_every),
     )
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
+    logger = make_logger(
+        cfg, run_dir, {**OmegaConf.to_container(cfg), "derived": dataclasses.asdict(d)}
+    )
     # Everything a resumed run needs to continue bit-identically, by name: new stateful parts
     # (state_dict / load_state_dict) go here. The eval dicts travel as JSON with each save.
     snapshots = Checkpointer(
@@ -199,7 +203,7 @@ def _train(
     else:
         if cfg.eval.at_start:
             first_eval = run_eval(0)
-            writer.write({"step": 0, **first_eval, **_prefixed("compute", ledger.metrics())})
+            logger.log({"step": 0, **first_eval, **_prefixed("compute", ledger.metrics())})
             log.info("step 0 | %s", _fmt(first_eval))
         last_eval: dict[str, float] = dict(first_eval or {})
         if snapshot_due(0):
@@ -251,12 +255,12 @@ def _train(
                 row.update(_step_metrics(fresh, batch, stats, buffer, generator))
             if eval_due(version) or version == d.total_steps:
                 last_eval = run_eval(version)
-                write_telemetry(run_dir, version, buffer)
+                write_telemetry(run_dir, version, buffer, logger)
                 row.update({"step": version, **last_eval})
                 log.info("step %d | %s", version, _fmt(last_eval))
             if row:
                 row.update(_prefixed("compute", ledger.metrics()))
-                writer.write(row)
+                logger.log(row)
             if snapshot_due(version):
                 snapshots.save(version, first_eval=first_eval, last_eval=last_eval)
             bar.set_postfix(
@@ -266,7 +270,6 @@ def _train(
             )
             bar.update(1)
     bar.close()
-    writer.close()
 
     summary = {
         "status": "finished",
@@ -275,6 +278,7 @@ def _train(
         "final": last_eval,
         "compute": ledger.metrics(),
     }
+    logger.close(summary)
     if cfg.save_final_model:
         policy.save_pretrained(run_dir / "final_model")
         tokenizer.save_pretrained(run_dir / "final_model")
@@ -284,12 +288,15 @@ def _train(
     return summary
 
 
-def write_telemetry(run_dir: Path, step: int, buffer) -> None:
+def write_telemetry(run_dir: Path, step: int, buffer, logger=None) -> None:
     """``buffer_telemetry.json``: the buffer's cumulative per-use histograms (off-policiness,
     age, previous uses, steps since last use, replay count; the paper's Figure 2) up to
-    ``step``, rewritten atomically at every evaluation."""
-    payload = {"step": step, "bins": "0..63 then one overflow bin", **buffer.telemetry()}
+    ``step``, rewritten atomically at every evaluation (and sent to ``logger``, if given)."""
+    telemetry = buffer.telemetry()
+    payload = {"step": step, "bins": "0..63 then one overflow bin", **telemetry}
     atomic_write_text(run_dir / "buffer_telemetry.json", json.dumps(payload))
+    if logger is not None:
+        logger.log_histograms(step, telemetry)
 
 
 def _step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:

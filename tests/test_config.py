@@ -13,7 +13,8 @@ from replay_exp import config as C
 from replay_exp.config import ConfigError, compose, resolve
 
 CONF = Path(C.CONF_DIR)
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+# conf/sweep links to sweeps/ (multirun files, appended with +sweep=...): tests/test_sweeps.py.
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 
 
@@ -157,7 +158,10 @@ def _under_hydra(lines: list[str], i: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: p.name)
+YAMLS = sorted(CONF.rglob("*.yaml")) + sorted((CONF.parent / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_yaml_key_has_a_comment_above(path):
     lines = path.read_text().splitlines()
     undocumented = [

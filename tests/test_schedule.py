@@ -127,8 +127,8 @@ def test_async_run_end_to_end_charges_gamma_and_lags_weights(fast, tmp_path):
 
     # B=16, G=4, W=1, T=3, mu=1: rate = 16 / (1*3*4) = 1.333 groups/step -> arrivals 1,1,2,1,...
     over = [*fast, "schedule=async", "schedule.workers=1", "schedule.trainers=3",
-            "compute.mu=1", "schedule.sync_lag=1", "schedule.max_steps=5", "eval.every=5",
-            f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+            "schedule.gpus=null", "compute.mu=1", "schedule.sync_lag=1", "schedule.max_steps=5",
+            "eval.every=5", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
     cfg, d = resolve(compose(over))
     run(cfg, d, tmp_path / "run")
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]

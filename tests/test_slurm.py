@@ -1,0 +1,161 @@
+"""Hydra multiruns through SLURM (``launcher=slurm``: hydra-submitit-launcher's submitit_slurm).
+
+Needs a reachable SLURM cluster with a ``debug`` partition: ``scripts/slurm_up.sh`` starts a
+single-node one on this machine (``.ci/run`` does). Without ``sbatch`` on PATH or an answering
+``sinfo`` the tests skip, except under ``CI=true``, where they fail: CI must never skip them.
+
+- A 2-job sweep finishes through sbatch: both run directories hold a finished summary.json and a
+  complete metrics.jsonl, the jobs used ``$SLURM_CPUS_PER_TASK`` torch threads, and the submitit
+  logs name their SLURM job ids.
+- Preemption: ``scontrol requeue`` of a running job (what SLURM preemption with requeue does).
+  Verified behaviour: SLURM sends SIGTERM, which submitit's job wrapper ignores ("Bypassing
+  signal SIGTERM"), then SIGKILL after KillWait; the job returns to PENDING (held for
+  ``AuthInfo=cred_expire`` seconds, 15 with scripts/slurm_up.sh, 120 by default), and SLURM
+  reruns the same batch script under the same job id, which reloads the same pickled Hydra job
+  from the submitit folder. The trainer finds its unfinished run_dir and resumes from the newest
+  snapshot; the sweep's ``job.results()`` polling waits through the requeue and returns the
+  second attempt's result. hydra-submitit-launcher itself does nothing here (its ``checkpoint``
+  method only matters for submitit's USR2 timeout path, ``max_num_timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replay_exp.logging import read_metrics
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# Sweeps run with cwd=tmp_path: Hydra writes multirun.yaml into hydra.sweep.dir, which is ".".
+
+
+@pytest.fixture(scope="module")
+def _no_cluster_reason() -> str | None:
+    """Why no SLURM cluster is usable here, or None (asked once: a dead sinfo takes ~10 s)."""
+    if shutil.which("sbatch") is None:
+        return "sbatch is not on PATH (start a local cluster with scripts/slurm_up.sh)"
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %T"], capture_output=True, text=True, timeout=15
+        )
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 15 s"
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return f"sinfo does not answer: {(proc.stderr or proc.stdout).strip()!r}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _slurm_cluster(_no_cluster_reason):
+    """Skip without a cluster, or fail when CI=true (CI brings one up and must test it)."""
+    if _no_cluster_reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but no SLURM cluster: {_no_cluster_reason}")
+        pytest.skip(_no_cluster_reason)
+
+
+def _sweep(fast, tmp_path, *extra) -> list[str]:
+    # run_dir named explicitly: stable across a requeue and short whatever the overrides are.
+    return [
+        sys.executable, "-m", "replay_exp.train", "-m", "launcher=slurm",
+        "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
+        "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+        *fast, f"output_root={tmp_path / 'out'}", "run_dir=${output_root}/job_${seed}", *extra,
+    ]  # fmt: skip
+
+
+def _env():
+    return {**os.environ, "HYDRA_FULL_ERROR": "1"}
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")]
+
+
+def _finished(run_dir: Path) -> bool:
+    path = run_dir / "summary.json"
+    return path.exists() and json.loads(path.read_text()).get("status") == "finished"
+
+
+def _submitit_logs(tmp_path) -> list[Path]:
+    return sorted((tmp_path / "out" / ".submitit").glob("*/*/*_log.out"))
+
+
+def test_sweep_through_slurm(fast, tmp_path):
+    fast = [o for o in fast if not o.startswith("threads=")]  # threads=null: from SLURM
+    cmd = _sweep(fast, tmp_path, "schedule.max_steps=2", "seed=0,1")
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for seed in (0, 1):
+        run_dir = tmp_path / "out" / f"job_{seed}"
+        assert _finished(run_dir), f"{run_dir} has no finished summary.json"
+        assert _steps(run_dir) == [0, 1, 2]
+        derived = (run_dir / "config.yaml").read_text()
+        assert re.search(r"^  threads: 1$", derived, flags=re.M), "SLURM_CPUS_PER_TASK ignored"
+    logs = _submitit_logs(tmp_path)
+    assert len(logs) == 2, logs
+    job_ids = set()
+    for log in logs:
+        found = re.search(r"job_id=(\d+_\d+|\d+)", log.read_text())
+        assert found, f"no SLURM job id in {log}"
+        job_ids.add(found.group(1))
+    assert len(job_ids) == 2, job_ids
+    # submitit returns once the result pickle exists; the job ends (COMPLETED) just after.
+    deadline, states = time.monotonic() + 60, ""
+    while states.count("COMPLETED") < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        states = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+            capture_output=True, text=True, timeout=30,
+        ).stdout  # fmt: skip
+    assert states.count("COMPLETED") == 2, states
+
+
+def test_requeue_resumes_from_snapshot(fast, tmp_path):
+    """``scontrol requeue`` of the running job, once it has a snapshot past step 2: SLURM kills
+    it and reruns it (same job id, same pickled job); the run resumes from its newest snapshot
+    and finishes with every step exactly once. (See the module docstring for the mechanism.)"""
+    steps = 150  # long enough that the kill (SIGKILL KillWait=5 s after SIGTERM) lands mid-run
+    cmd = _sweep(fast, tmp_path, f"schedule.max_steps={steps}", "checkpoint.every=2", "seed=0")
+    run_dir, job_id = tmp_path / "out" / "job_0", None
+    with open(tmp_path / "sweep.log", "w") as out:
+        sweep = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=_env()
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not any(
+            int(p.name.removeprefix("step_")) > 2 for p in (run_dir / "checkpoints").glob("step_*")
+        ):
+            assert sweep.poll() is None, (tmp_path / "sweep.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no snapshot past step 2 within 300 s"
+            time.sleep(0.05)
+        (log,) = _submitit_logs(tmp_path)
+        job_id = log.parent.name  # the submitit folder's %j: the SLURM job id
+        requeue = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
+        )
+        assert requeue.returncode == 0, requeue.stderr
+        assert sweep.wait(timeout=500) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+            if job_id is not None:
+                subprocess.run(["scancel", job_id], timeout=30)
+    train_log = (run_dir / "train.log").read_text()
+    assert re.search(r"resuming from \S+step_\d+ \(step \d+\)", train_log), train_log[-3000:]
+    assert _finished(run_dir)
+    assert _steps(run_dir) == list(range(steps + 1))  # complete, no duplicates
+    assert "Bypassing signal SIGTERM" in log.read_text() + (log.with_suffix(".err")).read_text()

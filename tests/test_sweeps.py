@@ -1,0 +1,78 @@
+"""Every sweep file composes, says its run count truthfully, and every job it launches resolves."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
+from replay_exp.config import CONF_DIR, register_configs, resolve
+
+SWEEPS = Path(CONF_DIR).parent / "sweeps"
+FILES = sorted(p for p in SWEEPS.glob("*.yaml") if not p.name.startswith("_"))
+
+
+def _compose(overrides: list[str]):
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose("train", overrides=overrides, return_hydra_config=True)
+
+
+def _jobs(name: str) -> list[list[str]]:
+    """The override lists of every job of sweep ``name`` (the basic sweeper's cartesian product)."""
+    params = _compose([f"+sweep={name}"]).hydra.sweeper.params
+    axes = [[f"{k}={v.strip()}" for v in str(vals).split(",")] for k, vals in params.items()]
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_header_states_question_command_and_true_run_count(path):
+    text = path.read_text()
+    assert re.search(r"^# Question: ", text, re.M), "header needs a '# Question:' line"
+    command = re.search(r"^# Command: (.+)$", text, re.M).group(1)
+    assert f"+sweep={path.stem}" in command
+    stated = int(re.search(r"^# Runs: .*= (\d+)", text, re.M).group(1))
+    jobs = _jobs(path.stem)
+    assert (
+        len(jobs)
+        == stated
+        == math.prod(
+            len(str(v).split(","))
+            for v in _compose([f"+sweep={path.stem}"]).hydra.sweeper.params.values()
+        )
+    )
+    assert _compose([f"+sweep={path.stem}"]).sweep_name == path.stem
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in FILES if p.stem.endswith("_tiny")], ids=lambda p: p.stem
+)
+def test_every_job_of_a_tiny_sweep_resolves(path):
+    names = set()
+    for job in _jobs(path.stem):
+        cfg = _compose([f"+sweep={path.stem}", *job])
+        cfg_plain, derived = resolve(cfg)
+        assert derived.total_steps >= 1
+        names.add(tuple(sorted(job)))
+    assert len(names) == len(_jobs(path.stem))  # no two jobs alike
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in FILES if p.stem.endswith("_paper")], ids=lambda p: p.stem
+)
+def test_first_and_last_job_of_a_paper_sweep_resolve(path):
+    jobs = _jobs(path.stem)
+    for job in (jobs[0], jobs[-1]):
+        cfg, derived = resolve(_compose([f"+sweep={path.stem}", *job]))
+        assert cfg.model.pretrained == "Qwen/Qwen3-0.6B" and cfg.algo.group_size == 16
+
+
+def test_every_figure_has_a_tiny_and_a_paper_size():
+    stems = {p.stem for p in FILES}
+    studies = {s.rsplit("_", 1)[0] for s in stems}
+    assert {f"{s}_tiny" for s in studies} | {f"{s}_paper" for s in studies} == stems
