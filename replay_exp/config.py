@@ -18,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from replay_exp.theory import async_gamma
+
 
 class ConfigError(ValueError):
     """An impossible configuration; the message is one line naming keys and values."""
@@ -518,7 +520,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     ((kind, value),) = budgets.items()
     _positive(f"schedule.{kind}", value)
     if s.name == "async":  # the paper's gamma: the whole node for one trainer step
-        units_per_step = (1 + s.workers / s.trainers) / (1 + mu)
+        units_per_step = async_gamma(s.workers, s.trainers, mu)
     else:
         units_per_step = (B + mu * R) / (B * (1 + mu))
     if kind == "max_steps":

@@ -94,11 +94,6 @@ def make_arrivals(schedule, mu: float, group_size: int) -> SyncArrivals | AsyncA
     return SyncArrivals(R // group_size)
 
 
-def async_gamma(workers: int, trainers: int, mu: float) -> float:
-    """Compute of one async training step relative to one on-policy step: (1+W/T)/(1+mu)."""
-    return (1 + workers / trainers) / (1 + mu)
-
-
 class WeightHistory:
     """CPU copies of the last ``lag + 1`` policy versions, so the generator can be synced to the
     weights of version ``t - lag`` (a weight-sync lag, as in an async cluster).

@@ -34,3 +34,9 @@ def fast_overrides(tmp_path) -> list[str]:
 @pytest.fixture
 def fast(tmp_path):
     return fast_overrides(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def fast_session(tmp_path_factory):
+    """:func:`fast_overrides` for session-scoped fixtures (one warm-start cache per session)."""
+    return fast_overrides(tmp_path_factory.mktemp("fast"))

@@ -7,7 +7,8 @@ import torch
 
 from replay_exp.buffer import FIFOBuffer
 from replay_exp.config import ConfigError, compose, resolve
-from replay_exp.schedule import AsyncArrivals, SyncArrivals, WeightHistory, async_gamma
+from replay_exp.schedule import AsyncArrivals, SyncArrivals, WeightHistory
+from replay_exp.theory import async_gamma
 from replay_exp.types import RolloutBatch
 
 MU = 6.84  # the paper's measured mu for Qwen3-0.6B

@@ -5,11 +5,13 @@ training."""
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from replay_exp.analysis import from_records, load_runs
+from replay_exp.analysis.wandb_runs import read_offline_run, wandb_offline_records, wandb_records
 from replay_exp.config import compose, resolve
 from replay_exp.logging import read_metrics, wandb_run_id
 from replay_exp.train import run
@@ -34,46 +36,9 @@ def _run(fast, run_dir, *extra):
     return run(cfg, d, run_dir)
 
 
-def _records(path: Path):
-    """The protobuf records of a ``run-<id>.wandb`` transaction log: a 7-byte file header
-    (':W&B', magic, version), then LevelDB-log style chunks (crc32, length, type) in 32 KiB
-    blocks; FULL=1 or FIRST=2, MIDDLE=3, LAST=4 pieces of one record."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data, block, pos, pieces = path.read_bytes(), 32768, 7, b""
-    assert data[:4] == b":W&B"
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        pieces += data[pos + 7 : pos + 7 + n]
-        pos += 7 + n
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pieces)
-            pieces = b""
-            yield record
-
-
 def _read_offline_run(run_dir: Path):
-    """(history rows by step, config dict, summary dict) of the offline run in run_dir."""
     (wandb_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    history: dict[int, dict] = {}
-    config, summary = {}, {}
-    for r in _records(wandb_file):
-        kind = r.WhichOneof("record_type")
-        if kind == "run":
-            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
-        elif kind == "config":
-            config.update({i.key: json.loads(i.value_json) for i in r.config.update})
-        elif kind == "history":
-            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                   for i in r.history.item}  # fmt: skip
-            history.setdefault(row["_step"], {}).update(row)
-        elif kind == "summary":
-            summary.update({i.key: json.loads(i.value_json) for i in r.summary.update if i.key})
-    return history, config, summary
+    return read_offline_run(wandb_file)
 
 
 def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
@@ -101,6 +66,64 @@ def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
     assert config["buffer.capacity"] == 32 and config["logger.wandb.tags"] == ["test"]
     assert config["derived.capacity"] == 32 and config["derived.total_steps"] == 2
     assert wb_summary["status"] == "finished"
+
+    # The analysis loader reads the offline W&B run into the same table as metrics.jsonl.
+    local = load_runs(run_dir).steps
+    (record,) = wandb_offline_records(tmp_path)
+    assert record[0] == "run" and record[4] == "finished"
+    from_wandb = from_records([record]).steps
+    cols = ["step", "eval/pass@1", "train/reward", "loss/loss", "compute/paper_units"]
+    pd.testing.assert_frame_equal(local[cols], from_wandb[cols], check_dtype=False)  # 0.0 -> 0
+    assert from_wandb["buffer.capacity"].tolist() == [32, 32, 32]
+
+
+class _FakeApiRun:
+    """The attributes of ``wandb.apis.public.Run`` that :func:`wandb_records` reads."""
+
+    def __init__(self, config, history, state="finished"):
+        self.config, self._history, self.state = config, history, state
+        self.group, self.name, self.url = "sweep", "run-a", "https://example.invalid/run-a"
+
+    def scan_history(self):
+        return iter(self._history)
+
+
+class _FakeApi:
+    def __init__(self, runs):
+        self._runs = runs
+
+    def runs(self, path, filters=None):
+        assert path == "me/replay-exp"
+        return self._runs
+
+
+def test_wandb_api_records_seam():
+    """The online path (wandb.Api, unreachable here) through a stand-in API object: W&B's own
+    keys and histograms are dropped, _step becomes step, config keys stay dotted."""
+    history = [
+        {"_step": 0, "_runtime": 1.0, "eval/pass@1": 0.25, "compute/paper_units": 0.0},
+        {"_step": 1, "train/reward": 0.5, "buffer_telemetry/age": {"bins": [0, 1]}},
+        {"_step": 2, "eval/pass@1": 0.5, "compute/paper_units": 2.0},
+    ]
+    api = _FakeApi([_FakeApiRun({"buffer.capacity": 64, "seed": 1, "_wandb": {}}, history)])
+    (record,) = wandb_records("me/replay-exp", api=api)
+    name, url, config, rows, status = record
+    assert (
+        name == "sweep/run-a"
+        and status == "finished"
+        and config
+        == {
+            "buffer.capacity": 64,
+            "seed": 1,
+        }
+    )
+    assert rows == [
+        {"step": 0, "eval/pass@1": 0.25, "compute/paper_units": 0.0},
+        {"step": 1, "train/reward": 0.5},
+        {"step": 2, "eval/pass@1": 0.5, "compute/paper_units": 2.0},
+    ]
+    runs = from_records([record])
+    assert runs.runs.loc[0, "peak"] == 0.5 and runs.runs.loc[0, "seed"] == 1
 
 
 def test_failing_wandb_never_stops_training(fast, tmp_path, offline, monkeypatch, caplog):

@@ -1,0 +1,286 @@
+"""From run directories (or W&B runs) to two tidy pandas tables.
+
+``load_runs(paths)`` finds every run under ``paths`` (a sweep directory, several, or single run
+directories) and returns :class:`Runs`:
+
+- ``steps``: one row per (run, logged step). Columns: ``run`` (the run's id: its path relative
+  to the loaded root), ``config`` (the values of the keys that vary across the loaded runs,
+  seed excluded: runs with equal ``config`` are seeds of one configuration), ``label`` (the same
+  configuration named by its meaning, e.g. "FIFO N=256, y=4"), ``seed``, ``status``, every config
+  key flattened with dotted names (``buffer.capacity``, ``derived.reuse_ratio``) and every
+  logged metric (``eval/pass@1``, ``compute/paper_units``, ...). A metric a row did not log is NaN
+  (evaluation rows are a subset of training rows).
+- ``runs``: one row per run: config columns, status, last step, final and peak values of the
+  main metric, the x at which the peak happened, and the initial value.
+
+Partial runs load with a warning, never an error: a truncated last line of metrics.jsonl is
+skipped, a missing config.yaml is replaced by the overrides spelled in the directory name
+(``key=value,...,seed=S``), a run without summary.json is ``status="unfinished"`` (still going,
+or interrupted and resumable), one without any metrics is ``status="empty"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from replay_exp.analysis.labels import config_label
+from replay_exp.logging import flatten, read_metrics
+
+# Config keys that never distinguish configurations: where the run lives and how it is logged,
+# and what the machine picked (threads, device).
+IGNORED_KEYS = (
+    "run_dir",
+    "output_root",
+    "sweep_name",
+    "save_final_model",
+    "device",
+    "threads",
+    "derived.device",
+    "derived.threads",
+)
+IGNORED_PREFIXES = ("logger.", "checkpoint.", "hydra.")
+# Skipped when looking for run directories below a root.
+_NOT_RUNS = {"checkpoints", "final_model", "wandb", "report", ".hydra"}
+
+META_COLUMNS = ("run", "config", "label", "seed", "status", "run_dir")
+
+
+@dataclass
+class Runs:
+    """The loaded runs. ``config_keys``: the config columns that vary (seed excluded)."""
+
+    steps: pd.DataFrame
+    runs: pd.DataFrame
+    config_keys: list[str]
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+
+def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, Path]]:
+    """(root, run_dir) for every run directory under ``paths``: a directory holding
+    metrics.jsonl or config.yaml. A path that is itself a run directory is its own root."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    out: list[tuple[Path, Path]] = []
+    for root in map(Path, paths):
+        if not root.is_dir():
+            raise FileNotFoundError(f"no such directory: {root}")
+        if _is_run(root):
+            out.append((root.parent, root))
+            continue
+        stack = [root]
+        while stack:
+            d = stack.pop()
+            for child in sorted(p for p in d.iterdir() if p.is_dir() and p.name not in _NOT_RUNS):
+                if _is_run(child):
+                    out.append((root, child))
+                else:
+                    stack.append(child)
+    return sorted(set(out), key=lambda rr: str(rr[1]))
+
+
+def _is_run(d: Path) -> bool:
+    return (d / "metrics.jsonl").is_file() or (d / "config.yaml").is_file()
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """(flat config, metric rows, status) of one run directory, warning about anything
+    missing or damaged."""
+    config: dict[str, Any] = {}
+    cfg_file = run_dir / "config.yaml"
+    try:
+        config = flatten(yaml.safe_load(cfg_file.read_text()) or {}, ".")
+    except (OSError, yaml.YAMLError) as e:
+        config = overrides_from_name(run_dir.name)
+        what = "missing" if isinstance(e, OSError) else "unreadable"
+        warnings.warn(
+            f"{run_dir}: {what} config.yaml; config taken from the directory name "
+            f"({len(config)} keys)",
+            stacklevel=2,
+        )
+    rows: list[dict[str, Any]] = []
+    if (run_dir / "metrics.jsonl").is_file():
+        rows = read_metrics(run_dir / "metrics.jsonl")
+    try:
+        finished = json.loads((run_dir / "summary.json").read_text()).get("status") == "finished"
+    except (OSError, ValueError):
+        finished = False
+    status = "finished" if finished else "unfinished" if rows else "empty"
+    if status == "empty":
+        warnings.warn(f"{run_dir}: no metrics logged yet", stacklevel=2)
+    return config, rows, status
+
+
+def overrides_from_name(name: str) -> dict[str, Any]:
+    """``"buffer.capacity=256,seed=1"`` -> ``{"buffer.capacity": 256, "seed": 1}`` (values parsed
+    as YAML scalars; a part without ``=`` continues the previous value, e.g. a list)."""
+    out: dict[str, Any] = {}
+    key = None
+    for part in name.split(","):
+        if "=" in part and not part.startswith(("[", "{")):
+            key, value = part.split("=", 1)
+            out[key] = value
+        elif key is not None:
+            out[key] += "," + part
+    parsed = {}
+    for k, v in out.items():
+        try:
+            parsed[k] = yaml.safe_load(v)
+        except yaml.YAMLError:
+            parsed[k] = v
+    return parsed
+
+
+def load_runs(
+    paths: str | Path | Iterable[str | Path],
+    metric: str = "eval/pass@1",
+    x: str = "compute",
+) -> Runs:
+    """Every run under ``paths`` as tidy tables (see the module docstring). A path
+    ``wandb:entity/project`` reads that W&B project through the public API instead
+    (:mod:`replay_exp.analysis.wandb_runs`). ``metric`` and ``x`` choose the main metric and
+    x-axis of the per-run table (peak value and where it happened)."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    paths = list(paths)
+    records = []
+    for p in paths:
+        if str(p).startswith("wandb:"):
+            from replay_exp.analysis.wandb_runs import wandb_records
+
+            records += wandb_records(str(p).removeprefix("wandb:"))
+    local = [p for p in paths if not str(p).startswith("wandb:")]
+    for root, run_dir in find_run_dirs(local) if local else []:
+        config, rows, status = read_run(run_dir)
+        records.append((str(run_dir.relative_to(root)), run_dir, config, rows, status))
+    if not records:
+        where = ", ".join(map(str, paths))
+        raise FileNotFoundError(
+            f"no runs (directories with metrics.jsonl or config.yaml) in {where}"
+        )
+    return from_records(records, metric=metric, x=x)
+
+
+def from_records(
+    records: Sequence[tuple[str, Path | str, dict[str, Any], list[dict[str, Any]], str]],
+    metric: str = "eval/pass@1",
+    x: str = "compute",
+) -> Runs:
+    """Build :class:`Runs` from ``(run id, location, flat config, metric rows, status)`` records:
+    the common path of run directories and of W&B runs."""
+    configs = [_plain(cfg) for _, _, cfg, _, _ in records]
+    keys = varying_keys(configs)
+    per_run, step_frames = [], []
+    for (run_id, where, _, rows, status), cfg in zip(records, configs, strict=True):
+        meta = {
+            "run": run_id,
+            "config": ",".join(f"{k}={cfg.get(k)}" for k in keys) or "all",
+            "label": config_label(cfg, keys),
+            "seed": cfg.get("seed"),
+            "status": status,
+            "run_dir": str(where),
+        }
+        per_run.append({**meta, **cfg})
+        if rows:
+            frame = pd.DataFrame(rows)
+            for k, v in reversed(list({**meta, **cfg}.items())):
+                frame.insert(0, k, [v] * len(frame))
+            step_frames.append(frame)
+    # Order: configurations by their key values (numbers numerically, the on-policy baseline
+    # first), then seed; groupby(sort=False) downstream keeps this order in tables and legends.
+    runs = pd.DataFrame(per_run)
+    rank = {c: i for i, c in enumerate(_config_order(runs, keys))}
+    runs = _sorted(runs, rank)
+    steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame()
+    if "step" in steps:
+        steps = _sorted(steps, rank, extra=["step"])
+    runs = runs.merge(run_summary(steps, metric, x), on="run", how="left")
+    return Runs(steps=steps, runs=runs, config_keys=keys)
+
+
+def varying_keys(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Config keys whose value differs between the runs that have them (seed, paths, logging
+    and ``derived.*`` consequences of other keys excluded), sorted."""
+    all_keys = sorted({k for c in configs for k in c})
+    out = []
+    for k in all_keys:
+        if k == "seed" or k in IGNORED_KEYS or k.startswith(IGNORED_PREFIXES):
+            continue
+        if k.startswith("derived."):
+            continue
+        if len({repr(c[k]) for c in configs if k in c}) > 1:  # a lost config.yaml: no vote
+            out.append(k)
+    return out
+
+
+def run_summary(
+    steps: pd.DataFrame, metric: str, x: str, target: float | None = None, frac: float = 0.98
+) -> pd.DataFrame:
+    """One row per run: last step, initial / final / peak ``metric``, the ``x`` of the peak and
+    the ``x`` needed to reach ``target`` (default: ``frac`` x the best peak of all runs; inf if
+    never reached; see :mod:`replay_exp.analysis.curves` for the interpolation rule)."""
+    from replay_exp.analysis.curves import compute_to_target, x_column
+
+    cols = ["run", "last_step", "initial", "final", "peak", f"{x}_at_peak", f"{x}_to_target"]
+    if steps.empty or metric not in steps:
+        return pd.DataFrame({"run": steps["run"].unique() if "run" in steps else []}).reindex(
+            columns=cols
+        )
+    xcol = x_column(x)
+    if target is None:
+        target = frac * steps[metric].max()
+    out = []
+    for run, g in steps.groupby("run", sort=False):
+        evals = g.dropna(subset=[metric])
+        row = {"run": run, "last_step": g["step"].max()}
+        if len(evals):
+            i = evals[metric].to_numpy().argmax()
+            row.update(
+                initial=evals[metric].iloc[0],
+                final=evals[metric].iloc[-1],
+                peak=evals[metric].iloc[i],
+            )
+            row[f"{x}_at_peak"] = evals[xcol].iloc[i] if xcol in evals else math.nan
+            if xcol in evals:
+                xs, ys = evals[xcol].to_numpy(), evals[metric].to_numpy()
+                row[f"{x}_to_target"] = compute_to_target(xs, ys, target)
+        out.append(row)
+    return pd.DataFrame(out).reindex(columns=cols)
+
+
+def _config_order(runs: pd.DataFrame, keys: list[str]) -> list[str]:
+    """Configurations in display order: the on-policy baseline first, then by the values of
+    the varying keys (numbers numerically, before strings)."""
+
+    def value_key(v: Any) -> tuple:
+        if isinstance(v, int | float) and not (isinstance(v, float) and math.isnan(v)):
+            return (0, v, "")
+        return (1, 0, str(v))
+
+    def sort_key(row: pd.Series) -> tuple:
+        return (row.get("buffer.name") != "on_policy", *(value_key(row.get(k)) for k in keys))
+
+    table = runs.drop_duplicates("config")
+    return [r["config"] for r in sorted((r for _, r in table.iterrows()), key=sort_key)]
+
+
+def _sorted(frame: pd.DataFrame, rank: dict[str, int], extra: Sequence[str] = ()) -> pd.DataFrame:
+    seed = frame["seed"].fillna(-1) if frame["seed"].notna().any() else 0
+    order = frame.assign(_rank=frame["config"].map(rank), _seed=seed)
+    order = order.sort_values(["_rank", "_seed", "run", *extra], kind="stable")
+    return order.drop(columns=["_rank", "_seed"]).reset_index(drop=True)
+
+
+def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Hashable, comparable values: lists become their string form."""
+    return {k: (str(v) if isinstance(v, list | dict | tuple) else v) for k, v in cfg.items()}

@@ -1,0 +1,265 @@
+"""``replay-exp-report <sweep_dir> [--x compute|steps|rollouts|flops|wall]``: a sweep's figures,
+the CSVs behind them and a markdown summary, written into ``<sweep_dir>/report/``.
+
+Always: accuracy vs the chosen x, vs steps and vs wall-clock (median + IQR over seeds), the
+per-run table (runs.csv) and the per-configuration table (targets.csv). When the sweep has them:
+Pareto envelopes (several configurations; one envelope per learning-rate family when the
+learning rate is swept), heatmaps of best accuracy and compute-to-98%-of-best over N x (W, T),
+pass@k gain over the baseline vs k, histograms of the buffer telemetry, and the theory curves
+for the sweep's mu. The baseline is the on-policy configuration (the best one if several, e.g.
+over learning rates); savings are measured at the accuracy it reaches (``--frac`` of its best
+median), with the spread over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from replay_exp.analysis.curves import X_AXES, aggregate, target_table, x_label
+from replay_exp.analysis.labels import config_label
+from replay_exp.analysis.loader import Runs, load_runs
+from replay_exp.analysis.plots import (
+    plot_curves,
+    plot_heatmaps,
+    plot_pareto,
+    plot_passk_gain,
+    plot_telemetry,
+)
+
+SPLIT = "(W,T)"
+
+
+def is_baseline(frame: pd.DataFrame) -> pd.Series:
+    """Rows of the on-policy baseline (``buffer.name == "on_policy"``)."""
+    if "buffer.name" not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame["buffer.name"] == "on_policy"
+
+
+def baseline_label(runs: Runs, metric: str, x: str) -> str | None:
+    """The on-policy configuration, the best one (peak median ``metric``) if there are several."""
+    base = runs.runs[is_baseline(runs.runs)]
+    if len(base) == 0:
+        return None
+    labels = list(dict.fromkeys(base["label"]))
+    if len(labels) == 1:
+        return labels[0]
+    curves = aggregate(runs.steps[runs.steps["label"].isin(labels)], x, metric)
+    return str(curves.groupby("label")["median"].max().idxmax())
+
+
+def families(runs: Runs) -> tuple[dict[str, str], str | None]:
+    """Label -> Pareto family: over learning rates when ``algo.lr`` is swept (each family is a
+    configuration without its learning rate), else "on-policy" vs "replay". Also returns the
+    baseline family."""
+    table = runs.runs.drop_duplicates("label")
+    if "algo.lr" in runs.config_keys:
+        keys = [k for k in runs.config_keys if k != "algo.lr"]
+        fam = {r["label"]: config_label(r.to_dict(), keys) for _, r in table.iterrows()}
+    else:
+        fam = {
+            label: "on-policy" if base else "replay"
+            for label, base in zip(table["label"], is_baseline(table), strict=True)
+        }
+    return fam, "on-policy" if "on-policy" in fam.values() else None
+
+
+def heatmap_axes(runs: Runs) -> tuple[str, str] | None:
+    """(row key, column key) of a heatmap over the replay configurations (the baseline has
+    no N): N x (W, T) as in the paper when both vary, else the two keys that vary when exactly
+    two do."""
+    replay = runs.runs[~is_baseline(runs.runs)]
+    keys = [k for k in runs.config_keys if replay[k].astype(str).nunique() > 1]
+    if "buffer.capacity" in keys and ("schedule.trainers" in keys or "schedule.workers" in keys):
+        return "buffer.capacity", SPLIT
+    keys = [k for k in keys if k != "schedule.workers"]  # moves with schedule.trainers
+    return (keys[0], keys[1]) if len(keys) == 2 else None
+
+
+def _fmt_x(v: float) -> str:
+    return "not reached" if not math.isfinite(v) else f"{v:.3g}"
+
+
+def _pct(v: float) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.0f}%"
+
+
+def make_report(
+    paths: list[Path],
+    x: str = "compute",
+    metric: str = "eval/pass@1",
+    frac: float = 0.98,
+    out: Path | None = None,
+) -> tuple[Path, list[Path]]:
+    """Write the report of the runs under ``paths``; returns (summary.md, all files)."""
+    runs = load_runs(paths, metric=metric, x=x)
+    steps = runs.steps
+    if steps.empty or metric not in steps:
+        raise ValueError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
+    out = Path(out) if out is not None else Path(paths[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
+    base = baseline_label(runs, metric, x)
+    written: list[Path] = []
+    runs.runs.to_csv(out / "runs.csv", index=False)
+    written.append(out / "runs.csv")
+
+    y_label = {"eval/pass@1": "held-out pass@1 (greedy)"}.get(metric, metric)
+    for axis in dict.fromkeys([x, "steps", "wall"]):
+        curves = aggregate(steps, axis, metric)
+        written += plot_curves(curves, out / f"curves_{axis}", x_label(axis), y_label, base,
+                               title=f"{y_label} vs {axis}")  # fmt: skip
+
+    curves = aggregate(steps, x, metric)
+    if curves["label"].nunique() > 1:
+        fam, base_fam = families(runs)
+        written += plot_pareto(curves, fam, out / f"pareto_{x}", x_label(x), y_label, base_fam)
+
+    # Savings at the accuracy the baseline reaches, and the overall target of the heatmaps.
+    best_target = None
+    table, target = target_table(steps, x, metric, frac=frac, baseline=base)
+    if base is not None:
+        base_peak = float(table.loc[table["label"] == base, "peak_median"].iloc[0])
+        table, target = target_table(steps, x, metric, target=frac * base_peak, baseline=base)
+    table.to_csv(out / "targets.csv", index=False)
+    written.append(out / "targets.csv")
+
+    axes = heatmap_axes(runs)
+    if axes is not None:
+        best_table, best_target = target_table(steps, x, metric, frac=frac)
+        best_table = best_table[best_table["label"] != base]
+        meta = runs.runs.drop_duplicates("config").set_index("config")
+        if SPLIT in axes:
+            gpus = meta.get("schedule.gpus", pd.Series(8, index=meta.index))
+            workers = meta["schedule.workers"].fillna(gpus - meta["schedule.trainers"])
+            trainers = meta["schedule.trainers"]
+            meta[SPLIT] = [f"({w:.0f},{t:.0f})" for w, t in zip(workers, trainers, strict=True)]
+        for key in axes:
+            best_table[key] = best_table["config"].map(meta[key])
+        labels = {"buffer.capacity": "buffer size N", SPLIT: "(W, T): inference, trainers"}
+        written += plot_heatmaps(best_table, axes[0], axes[1], out / "heatmap",
+                                 labels.get(axes[0], axes[0]), labels.get(axes[1], axes[1]),
+                                 best_target, x_label(x))  # fmt: skip
+
+    final = steps.dropna(subset=[metric]).groupby("run", sort=False).last().reset_index()
+    if base is not None and any(c.endswith("_sampled") for c in final):
+        written += plot_passk_gain(final, base, out / "passk_gain")
+
+    if any((Path(d) / "buffer_telemetry.json").is_file() for d in runs.runs["run_dir"]):
+        written += plot_telemetry(runs.runs, out / "telemetry")
+
+    mu = runs.runs.get("compute.mu")
+    if mu is not None and mu.notna().any():
+        from replay_exp.theory import plot_theory
+
+        written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
+
+    summary = out / "summary.md"
+    summary.write_text(
+        _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target)
+    )
+    return summary, [summary, *written]
+
+
+def _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target) -> str:
+    n = runs.runs["status"].value_counts().to_dict()
+    seeds = runs.runs.groupby("config").size()
+    lines = [
+        f"# Report: {', '.join(Path(p).name for p in paths)}",
+        "",
+        f"{len(runs)} runs ({', '.join(f'{v} {k}' for k, v in n.items())}), "
+        f"{len(seeds)} configurations, {seeds.min()}-{seeds.max()} seeds each. "
+        f"Metric: `{metric}`; x-axis: {x_label(x)}. Per-seed values: median [IQR] over seeds.",
+        "",
+    ]
+    best = table.loc[table["peak_median"].idxmax()]
+    lines += [
+        "## Best configuration",
+        "",
+        f"**{best['label']}**: its median curve peaks at {best['peak_median']:.3f}; per seed, "
+        f"peak {best['peak_seed_median']:.3f} [{best['peak_q25']:.3f}, {best['peak_q75']:.3f}] "
+        f"and final {best['final_median']:.3f} [{best['final_q25']:.3f}, "
+        f"{best['final_q75']:.3f}] (median [IQR]).",
+        "",
+    ]
+    if base is not None:
+        b = table.loc[table["label"] == base].iloc[0]
+        rest = table[table["label"] != base]
+        lines += [
+            f"## Compute to the baseline's accuracy ({frac:.0%} of its best median: {target:.3f})",
+            "",
+            f"Baseline: **{base}**, {_fmt_x(b['x_to_target'])} ({x}). "
+            "Saving = 1 - x / x_baseline, on the median curve; per-seed: median [IQR].",
+            "",
+        ]
+        if len(rest):
+            winner = rest.loc[rest["x_to_target"].idxmin()]
+            lines += [
+                f"Cheapest to get there: **{winner['label']}** with "
+                f"{_fmt_x(winner['x_to_target'])}, saving {_pct(winner['saving_vs_baseline'])} "
+                "vs the baseline.",
+                "",
+            ]
+    else:
+        lines += [f"No on-policy baseline in this sweep; target = {frac:.0%} of the best.", ""]
+    header = (
+        "| configuration | seeds | peak of median curve | per-seed peak | per-seed final "
+        f"| {x} to target (median curve) | per seed |"
+    )
+    header += " saving vs baseline |" if base is not None else ""
+    lines += [header, _rule(header)]
+    for _, r in table.iterrows():
+        row = (
+            f"| {r['label']} | {r['seeds']} | {r['peak_median']:.3f} | {r['peak_seed_median']:.3f} "
+            f"[{r['peak_q25']:.3f}, {r['peak_q75']:.3f}] | {r['final_median']:.3f} "
+            f"[{r['final_q25']:.3f}, {r['final_q75']:.3f}] | {_fmt_x(r['x_to_target'])} | "
+            f"{_fmt_x(r['x_to_target_seed_median'])} [{_fmt_x(r['x_to_target_seed_q25'])}, "
+            f"{_fmt_x(r['x_to_target_seed_q75'])}] |"
+        )
+        if base is not None:
+            row += f" {_pct(r.get('saving_vs_baseline', np.nan))} |"
+        lines.append(row)
+    if best_target is not None:
+        lines += ["", f"Heatmap target: {frac:.0%} of the best median over all: {best_target:.3f}."]
+    lines += ["", "## Files", ""]
+    lines += [f"- [{p.name}]({p.name})" for p in written]
+    return "\n".join(lines) + "\n"
+
+
+def _rule(header: str) -> str:
+    return "|" + "---|" * (header.count("|") - 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="replay-exp-report", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
+    p.add_argument("sweep_dirs", nargs="+", type=Path, help="sweep (or run) directories")
+    p.add_argument("--x", default="compute", choices=sorted(X_AXES), help="x-axis")
+    p.add_argument("--metric", default="eval/pass@1", help="the accuracy column")
+    p.add_argument("--frac", type=float, default=0.98, help="target = frac x best accuracy")
+    p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
+    args = p.parse_args(argv)
+    try:
+        if not 0 < args.frac <= 1:
+            raise ValueError(f"--frac must be in (0, 1], got {args.frac}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summary, files = make_report(args.sweep_dirs, args.x, args.metric, args.frac, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"report error: {e}", file=sys.stderr)
+        sys.exit(2)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    print(summary.read_text())
+    print(f"wrote {len(files)} files to {summary.parent}")
+
+
+if __name__ == "__main__":
+    main()

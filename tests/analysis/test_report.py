@@ -1,0 +1,112 @@
+"""``replay-exp-report`` on real tiny sweeps: every figure, its CSV and the markdown summary."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _report(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "replay_exp.analysis.report", *map(str, args)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _png(path):
+    assert path.is_file() and path.stat().st_size > 10_000, path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
+    out = tmp_path / "report"
+    proc = _report(tiny_sweeps["compute"], "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labels = {"on-policy", "FIFO, y=2"}
+
+    for axis in ("compute", "steps", "wall"):
+        _png(out / f"curves_{axis}.png")
+        curves = pd.read_csv(out / f"curves_{axis}.csv")
+        assert list(curves.columns) == ["config", "label", "x", "median", "q25", "q75",
+                                        "n_seeds", "n_runs"]  # fmt: skip
+        assert set(curves["label"]) == labels and (curves["n_runs"] == 2).all()
+        assert (curves["q25"] <= curves["median"]).all() and (
+            curves["median"] <= curves["q75"]
+        ).all()
+    # Compute: every on-policy step costs 1 unit, 4 steps.
+    base = pd.read_csv(out / "curves_compute.csv").query("label == 'on-policy'")
+    assert base["x"].min() == 0 and base["x"].max() == pytest.approx(4.0)
+
+    pareto = pd.read_csv(out / "pareto_compute.csv")
+    assert set(pareto["family"]) == {"on-policy", "replay"}
+    assert pareto.groupby("family")["best"].apply(lambda b: b.is_monotonic_increasing).all()
+
+    targets = pd.read_csv(out / "targets.csv")
+    assert targets["label"].tolist() == ["on-policy", "FIFO, y=2"]  # baseline first
+    assert "saving_vs_baseline" in targets and (targets["seeds"] == 2).all()
+
+    gain = pd.read_csv(out / "passk_gain.csv")
+    assert sorted(set(gain["k"])) == [1, 4] and set(gain["label"]) == labels
+    assert (gain.query("label == 'on-policy'")["gain"] == 0).all()  # against itself
+
+    tele = pd.read_csv(out / "telemetry.csv")
+    assert set(tele["stat"]) == {"off_policiness", "replay_count", "steps_since_last_use"}
+    # On-policy: every rollout used once, at off-policiness 0.
+    onp = tele.query("label == 'on-policy' and stat == 'off_policiness' and count > 0")
+    assert onp["bin"].tolist() == [0]
+    for name in ("pareto_compute", "passk_gain", "telemetry", "theory_xy_vs_mu", "theory_K"):
+        _png(out / f"{name}.png")
+
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 4 and (runs["status"] == "finished").all()
+    summary = (out / "summary.md").read_text()
+    assert summary == proc.stdout.split("wrote ")[0].rstrip("\n") + "\n"
+    assert "Baseline: **on-policy**" in summary and "| FIFO, y=2 | 2 |" in summary
+    assert "4 runs (4 finished), 2 configurations" in summary
+
+
+def test_report_heatmap_over_n_and_the_node_split(tiny_sweeps, tmp_path):
+    out = tmp_path / "report"
+    proc = _report(tiny_sweeps["heatmap"], "--out", out, "--x", "compute")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _png(out / "heatmap.png")
+    heat = pd.read_csv(out / "heatmap.csv")
+    assert sorted(zip(heat["buffer.capacity"], heat["(W,T)"], strict=True)) == [
+        (32, "(4,4)"), (32, "(6,2)"), (64, "(4,4)"), (64, "(6,2)"),
+    ]  # fmt: skip
+    assert set(heat["label"]) == {"N=32, (6,2)", "N=32, (4,4)", "N=64, (6,2)", "N=64, (4,4)"}
+    assert not (out / "passk_gain.png").exists()  # no baseline in this sweep
+    assert "No on-policy baseline" in (out / "summary.md").read_text()
+
+
+def test_report_survives_damaged_runs_and_writes_into_the_sweep(tiny_sweeps, tmp_path):
+    sweep = tmp_path / "compute"
+    shutil.copytree(tiny_sweeps["compute"], sweep, ignore=shutil.ignore_patterns("report"))
+    a, b = sorted(p for p in sweep.iterdir() if p.is_dir())[:2]
+    (a / "summary.json").unlink()
+    with open(a / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "eval/pa')  # killed mid-write
+    (b / "config.yaml").unlink()
+    proc = _report(sweep)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "truncated or corrupt line" in proc.stderr
+    assert "missing config.yaml" in proc.stderr
+    assert (sweep / "report" / "summary.md").is_file()  # the default place
+    assert "1 unfinished" in (sweep / "report" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["{tmp}/nope"], "no such directory"), (["{tmp}", "--frac", "1.5"], "--frac")],
+)
+def test_report_errors_are_one_line(tmp_path, args, message):
+    proc = _report(*[a.format(tmp=tmp_path) for a in args])
+    assert proc.returncode == 2 and message in proc.stderr
+    assert proc.stderr.startswith("report error: ") and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "nope").exists() and not (tmp_path / "report").exists()
