@@ -88,7 +88,9 @@ def _fmt_x(v: float) -> str:
 
 
 def _pct(v: float) -> str:
-    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:+.0f}%"
+    if v is None or math.isnan(v):
+        return "n/a"
+    return "never gets there" if math.isinf(v) else f"{100 * v:+.0f}%"
 
 
 def make_report(
@@ -107,7 +109,9 @@ def make_report(
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
     base = baseline_label(runs, metric, x)
     written: list[Path] = []
-    runs.runs.to_csv(out / "runs.csv", index=False)
+    # Portable: runs are named by their id under the sweep, not by this machine's paths.
+    portable = runs.runs.drop(columns=["run_dir", "output_root"], errors="ignore")
+    portable.to_csv(out / "runs.csv", index=False)
     written.append(out / "runs.csv")
 
     y_label = {"eval/pass@1": "held-out pass@1 (greedy)"}.get(metric, metric)

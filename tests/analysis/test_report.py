@@ -65,6 +65,7 @@ def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
 
     runs = pd.read_csv(out / "runs.csv")
     assert len(runs) == 4 and (runs["status"] == "finished").all()
+    assert "run_dir" not in runs and "output_root" not in runs  # no machine paths
     summary = (out / "summary.md").read_text()
     assert summary == proc.stdout.split("wrote ")[0].rstrip("\n") + "\n"
     assert "Baseline: **on-policy**" in summary and "| FIFO, y=2 | 2 |" in summary
