@@ -36,6 +36,11 @@ from replay_exp.analysis.plots import (
 SPLIT = "(W,T)"
 
 
+class ReportError(ValueError):
+    """Bad input to the report (printed as one line); anything else is a bug and keeps its
+    traceback."""
+
+
 def is_baseline(frame: pd.DataFrame) -> pd.Series:
     """Rows of the on-policy baseline (``buffer.name == "on_policy"``)."""
     if "buffer.name" not in frame:
@@ -99,12 +104,13 @@ def make_report(
     metric: str = "eval/pass@1",
     frac: float = 0.98,
     out: Path | None = None,
+    logx: bool = False,
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files)."""
     runs = load_runs(paths, metric=metric, x=x)
     steps = runs.steps
     if steps.empty or metric not in steps:
-        raise ValueError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
+        raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
     out = Path(out) if out is not None else Path(paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
     base = baseline_label(runs, metric, x)
@@ -118,7 +124,7 @@ def make_report(
     for axis in dict.fromkeys([x, "steps", "wall"]):
         curves = aggregate(steps, axis, metric)
         written += plot_curves(curves, out / f"curves_{axis}", x_label(axis), y_label, base,
-                               title=f"{y_label} vs {axis}")  # fmt: skip
+                               logx=logx, title=f"{y_label} vs {axis}")  # fmt: skip
 
     curves = aggregate(steps, x, metric)
     if curves["label"].nunique() > 1:
@@ -249,14 +255,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--metric", default="eval/pass@1", help="the accuracy column")
     p.add_argument("--frac", type=float, default=0.98, help="target = frac x best accuracy")
     p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
+    p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
     args = p.parse_args(argv)
     try:
         if not 0 < args.frac <= 1:
-            raise ValueError(f"--frac must be in (0, 1], got {args.frac}")
+            raise ReportError(f"--frac must be in (0, 1], got {args.frac}")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            summary, files = make_report(args.sweep_dirs, args.x, args.metric, args.frac, args.out)
-    except (FileNotFoundError, ValueError) as e:
+            summary, files = make_report(
+                args.sweep_dirs, args.x, args.metric, args.frac, args.out, args.logx
+            )
+    except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)
         sys.exit(2)
     for w in caught:
