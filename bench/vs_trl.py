@@ -33,8 +33,8 @@ per-repetition ratios to (b)):
   generated, up to and including EOS, padding excluded, counted the same way everywhere).
 
 (d) Where our step goes: the functions the loop calls are wrapped with timers in the child (this
-script only; nothing in ``replay_exp`` changes): prompt sampling, tokenisation, HF ``generate``
-(the behaviour log-probs come from generate's own logits, no separate pass), reward scoring,
+script only; nothing in ``replay_exp`` changes): prompt sampling, tokenisation, sampling (the
+KV-cached loop; the behaviour log-probs come from its logits, no separate pass), reward scoring,
 advantages, forward (logits + log-probs), loss, backward, grad clip, optimizer, buffer
 add/sample/stats, ledger, metrics row + metrics.jsonl write. Times are exclusive (a nested
 call's time counts once, in the innermost phase); what no wrapper covers is "loop, other". The
@@ -258,7 +258,7 @@ def run_ours(variant: str, steps: int, threads: int) -> dict[str, Any]:
         (collect, "generate_rollouts", "generation", "rollout assembly (other)"),
         (ArithmeticTask, "sample_train", "generation", "prompt sampling"),
         (collect, "tokenize_prompts", "generation", "tokenize prompts"),
-        (HFGenerator, "generate", "generation", "HF generate (+ behaviour logp)"),
+        (HFGenerator, "generate", "generation", "sampling (+ behaviour logp)"),
         (collect, "score", "generation", "reward (decode + score)"),
         (collect, "group_advantages", "generation", "advantages"),
         (train, "policy_update", "training", "update (other)"),

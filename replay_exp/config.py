@@ -121,6 +121,7 @@ class GenerationConfig:
     top_p: float = 1.0
     max_new_tokens: int | None = None  # None: the task's longest answer + EOS
     chunk_size: int = 256  # prompts x samples per generate() call
+    sampler: str = "cached_loop"  # hf backend: cached_loop (ours) | generate (transformers)
 
 
 @dataclass
@@ -280,6 +281,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     """
     from replay_exp.buffer import BUFFERS
     from replay_exp.rollout import BACKENDS
+    from replay_exp.rollout.hf import SAMPLERS
     from replay_exp.tasks import TASKS, make_task
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -292,6 +294,8 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _fail(f"buffer.name={b.name} is unknown; choose one of {sorted(BUFFERS)}")
     if g.backend not in BACKENDS:
         _fail(f"generation.backend={g.backend} is unknown; choose one of {sorted(BACKENDS)}")
+    if g.sampler not in SAMPLERS:
+        _fail(f"generation.sampler={g.sampler} is unknown; choose one of {sorted(SAMPLERS)}")
     if s.name not in ("sync", "async"):
         _fail(f"schedule.name={s.name} is unknown; choose one of ['async', 'sync']")
     from replay_exp.algo import ALGO_NAMES, TIS_LEVELS

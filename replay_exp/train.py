@@ -136,10 +136,12 @@ def _train(
         eos_id=tokenizer.eos_token_id,
         share_weights=s.sync_every == 1 and s.sync_lag == 0,
         chunk_size=g.chunk_size,
+        sampler=g.sampler,
     )
     evaluator = HFGenerator(
-        policy, tokenizer.pad_token_id, tokenizer.eos_token_id, chunk_size=g.chunk_size
-    )
+        policy, tokenizer.pad_token_id, tokenizer.eos_token_id,
+        chunk_size=g.chunk_size, sampler=g.sampler,
+    )  # fmt: skip
     buffer = make_buffer(
         cfg.buffer,
         capacity=d.capacity,

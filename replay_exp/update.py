@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from replay_exp.algo import ALGO_NAMES, asymre_loss, grpo_loss, masked_mean, token_logprobs
+from replay_exp.models.shared_prefix import completion_logits, positions, supports_prefix_sharing
 from replay_exp.types import RolloutBatch
 
 
@@ -20,15 +21,18 @@ def policy_logprobs(
     """log pi(completion token) and per-token entropy under ``model``, shapes [B, C].
 
     The sequence is [left-padded prompt | right-padded completion]; position ids count real
-    tokens only, exactly as ``generate`` does with left padding."""
+    tokens only, exactly as ``generate`` does with left padding. Rows that share a prompt share
+    its forward (``replay_exp.models.shared_prefix``); other modules get one full forward."""
     device = next(model.parameters()).device
-    ids = torch.cat([batch.prompt_ids_BxP, batch.completion_ids_BxC], dim=1).to(device)
-    mask = torch.cat([batch.prompt_mask_BxP, batch.completion_mask_BxC], dim=1).to(device)
-    pos = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    P = batch.prompt_ids_BxP.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
-    logits_BxCxV = logits[:, P - 1 : -1].float()
-    return token_logprobs(logits_BxCxV, ids[:, P:], temperature)
+    p_ids, p_mask = batch.prompt_ids_BxP.to(device), batch.prompt_mask_BxP.to(device)
+    c_ids, c_mask = batch.completion_ids_BxC.to(device), batch.completion_mask_BxC.to(device)
+    if supports_prefix_sharing(model):
+        logits_BxCxV = completion_logits(model, p_ids, p_mask, c_ids, c_mask).float()
+    else:
+        ids, mask = torch.cat([p_ids, c_ids], dim=1), torch.cat([p_mask, c_mask], dim=1)
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask))
+        logits_BxCxV = logits.logits[:, p_ids.shape[1] - 1 : -1].float()
+    return token_logprobs(logits_BxCxV, c_ids, temperature)
 
 
 def policy_update(

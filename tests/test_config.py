@@ -88,6 +88,8 @@ BAD = [
     (["buffer.name=lifo"], "buffer.name=lifo is unknown; choose one of "
      "['fifo', 'max_age', 'on_policy', 'positive_bias', 'priority']"),
     (["generation.backend=sglang"], "generation.backend=sglang is unknown; choose one of ['hf']"),
+    (["generation.sampler=beam"],
+     "generation.sampler=beam is unknown; choose one of ['cached_loop', 'generate']"),
     (
         ["algo.loss_agg=sum"],
         "algo.loss_agg=sum is unknown; choose one of ['seq_mean', 'seq_sum_norm', 'token_mean']",

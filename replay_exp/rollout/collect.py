@@ -50,7 +50,8 @@ def generate_rollouts(
     """G samples for each problem (rows grouped contiguously), rewards, and advantages
     computed now and frozen with the rollouts."""
     repeated = [p for p in problems for _ in range(group_size)]
-    ids_BxP, mask_BxP = tokenize_prompts(tokenizer, [p.prompt for p in repeated])
+    ids_BxP, mask_BxP = tokenize_prompts(tokenizer, [p.prompt for p in problems])
+    ids_BxP, mask_BxP = (t.repeat_interleave(group_size, dim=0) for t in (ids_BxP, mask_BxP))
     gen = generator.generate(ids_BxP, mask_BxP, params, seed)
     reward_B = score(tokenizer, task, repeated, gen)
     B = len(repeated)

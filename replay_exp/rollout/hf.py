@@ -1,4 +1,6 @@
-"""``generation=hf``: sampling with transformers ``generate`` (left padding, KV cache)."""
+"""``generation=hf``: sampling from the trainer's transformers model (left padding, KV cache),
+with our KV-cached loop (``generation.sampler=cached_loop``, :mod:`replay_exp.rollout.sampler`)
+or transformers ``generate`` (``generation.sampler=generate``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import torch
 from transformers import PreTrainedModel
 
 from replay_exp.rollout.base import Generation, Generator, SamplingParams, completion_mask
+from replay_exp.rollout.sampler import sample_cached
+
+SAMPLERS = ("cached_loop", "generate")
 
 
 class HFGenerator(Generator):
-    """Samples with ``model.generate``.
+    """Samples with our KV-cached loop (``sampler="cached_loop"``) or ``model.generate``.
 
     ``share_weights=True`` samples from the trainer's own module (no copy; only valid when
     weights are synced after every update); otherwise the generator keeps a private copy that
@@ -24,7 +29,11 @@ class HFGenerator(Generator):
         eos_id: int,
         share_weights: bool = True,
         chunk_size: int = 256,
+        sampler: str = "cached_loop",
     ):
+        if sampler not in SAMPLERS:
+            raise ValueError(f"generation.sampler={sampler!r} is unknown; choose one of {SAMPLERS}")
+        self.sampler = sampler
         self.model = policy if share_weights else copy.deepcopy(policy)
         self.share_weights = share_weights
         self.pad_id, self.eos_id, self.chunk_size = pad_id, eos_id, chunk_size
@@ -47,6 +56,23 @@ class HFGenerator(Generator):
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
+        sample = self._sample_cached if self.sampler == "cached_loop" else self._sample_generate
+        rng = torch.Generator(device=device).manual_seed(seed)
+        torch.manual_seed(seed)  # generate() draws from the global generator
+        ids, logps = [], []
+        for i in range(0, prompt_ids_BxP.shape[0], self.chunk_size):
+            p_ids = prompt_ids_BxP[i : i + self.chunk_size].to(device)
+            p_mask = prompt_mask_BxP[i : i + self.chunk_size].to(device)
+            comp, logp = sample(p_ids, p_mask, params, rng)
+            ids.append(comp.cpu())
+            logps.append(logp.cpu())
+        self.model.train(was_training)
+        return self._generation(ids, logps)
+
+    def _sample_cached(self, p_ids, p_mask, params, rng):
+        return sample_cached(self.model, p_ids, p_mask, params, rng, self.eos_id, self.pad_id)
+
+    def _sample_generate(self, p_ids, p_mask, params, rng):
         greedy = params.temperature == 0
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,
@@ -60,19 +86,16 @@ class HFGenerator(Generator):
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        temperature = 1.0 if greedy else params.temperature
-        torch.manual_seed(seed)
-        ids, logps = [], []
-        for i in range(0, prompt_ids_BxP.shape[0], self.chunk_size):
-            p_ids = prompt_ids_BxP[i : i + self.chunk_size].to(device)
-            p_mask = prompt_mask_BxP[i : i + self.chunk_size].to(device)
-            out = self.model.generate(input_ids=p_ids, attention_mask=p_mask.long(), **kwargs)
-            comp = out.sequences[:, p_ids.shape[1] :]
-            logits_BxCxV = torch.stack(out.logits, dim=1).float() / temperature
-            logp = torch.log_softmax(logits_BxCxV, dim=-1).gather(-1, comp.unsqueeze(-1))
-            ids.append(comp.cpu())
-            logps.append(logp.squeeze(-1).cpu())
-        self.model.train(was_training)
+        out = self.model.generate(input_ids=p_ids, attention_mask=p_mask.long(), **kwargs)
+        comp = out.sequences[:, p_ids.shape[1] :]
+        logits_BxCxV = torch.stack(out.logits, dim=1).float() / (
+            1.0 if greedy else params.temperature
+        )
+        logp = torch.log_softmax(logits_BxCxV, dim=-1).gather(-1, comp.unsqueeze(-1))
+        return comp, logp.squeeze(-1)
+
+    def _generation(self, ids: list[torch.Tensor], logps: list[torch.Tensor]) -> Generation:
+        """Chunks of completions and log-probs -> one right-padded, EOS-masked Generation."""
         C = max(x.shape[1] for x in ids)
         comp_ids = torch.cat([_pad_right(x, C, self.pad_id) for x in ids])
         logp_BxC = torch.cat([_pad_right(x, C, 0.0) for x in logps])

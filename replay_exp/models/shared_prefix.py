@@ -1,0 +1,70 @@
+"""Shared-prompt forwards: the G samples of a group share one prompt, so run it once.
+
+GRPO batches hold G rollouts per prompt (the on-policy batch: B/G distinct prompts). Both the
+sampler and the trainer's forward run each distinct prompt once, then broadcast its keys and
+values (the KV cache) to the rows that share it and continue with the completions only. This
+saves (G - 1)/G of the prompt compute, which dominates at LLM scale (prompts of hundreds of
+tokens, completions of a few hundred, G = 16). Gradients flow through the broadcast, so the
+result equals a full forward over [prompt | completion] up to float rounding (tests check it).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+
+def positions(mask_BxT: torch.Tensor) -> torch.Tensor:
+    """Position ids that count real tokens only (left padding), as ``generate`` uses them."""
+    return (mask_BxT.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def unique_prompts(
+    ids_BxP: torch.Tensor, mask_BxP: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(distinct prompt rows [U, P], their masks, row -> distinct-row index [B])."""
+    ids_UxP, inverse_B = torch.unique(ids_BxP, dim=0, return_inverse=True)
+    mask_UxP = torch.zeros_like(ids_UxP, dtype=torch.bool)
+    mask_UxP[inverse_B] = mask_BxP
+    return ids_UxP, mask_UxP, inverse_B
+
+
+def supports_prefix_sharing(model: torch.nn.Module) -> bool:
+    """A transformers causal LM (KV cache with ``batch_select_indices``)."""
+    return isinstance(model, PreTrainedModel)
+
+
+def prefill(model: PreTrainedModel, ids_BxP: torch.Tensor, mask_BxP: torch.Tensor):
+    """Run each distinct prompt once. Returns (logits at each row's last prompt position
+    [B, V], a KV cache holding B rows, each row's next position id [B])."""
+    ids_UxP, mask_UxP, inverse_B = unique_prompts(ids_BxP, mask_BxP)
+    pos_UxP = positions(mask_UxP)
+    out = model(
+        input_ids=ids_UxP, attention_mask=mask_UxP.long(), position_ids=pos_UxP, use_cache=True
+    )
+    cache = out.past_key_values
+    if ids_UxP.shape[0] < ids_BxP.shape[0]:
+        cache.batch_select_indices(inverse_B)
+    return out.logits[inverse_B, -1], cache, pos_UxP[inverse_B, -1] + 1
+
+
+def completion_logits(
+    model: PreTrainedModel,
+    prompt_ids_BxP: torch.Tensor,
+    prompt_mask_BxP: torch.Tensor,
+    completion_ids_BxC: torch.Tensor,
+    completion_mask_BxC: torch.Tensor,
+) -> torch.Tensor:
+    """Logits predicting each completion token [B, C, V] (position P-1 .. P+C-2 of the full
+    sequence), computed with the shared-prompt forward."""
+    last_BxV, cache, _ = prefill(model, prompt_ids_BxP, prompt_mask_BxP)
+    mask = torch.cat([prompt_mask_BxP, completion_mask_BxC], dim=1)
+    P = prompt_ids_BxP.shape[1]
+    out = model(
+        input_ids=completion_ids_BxC,
+        attention_mask=mask.long(),
+        position_ids=positions(mask)[:, P:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([last_BxV[:, None], out.logits[:, :-1]], dim=1)
