@@ -43,7 +43,8 @@ def prefill(model: PreTrainedModel, ids_BxP: torch.Tensor, mask_BxP: torch.Tenso
         input_ids=ids_UxP, attention_mask=mask_UxP.long(), position_ids=pos_UxP, use_cache=True
     )
     cache = out.past_key_values
-    if ids_UxP.shape[0] < ids_BxP.shape[0]:
+    # torch.unique sorts the rows: broadcast back to the batch's order (even with no repeats).
+    if not torch.equal(inverse_B, torch.arange(len(inverse_B), device=inverse_B.device)):
         cache.batch_select_indices(inverse_B)
     return out.logits[inverse_B, -1], cache, pos_UxP[inverse_B, -1] + 1
 

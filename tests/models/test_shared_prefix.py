@@ -20,7 +20,8 @@ def model_tok(request):
 
 
 def _batch(tok, G=3):
-    prompts = ["12+345=", "7+8=", "999+1="]  # different lengths: left padding differs
+    # Different lengths (left padding differs), not in sorted order.
+    prompts = ["12+345=", "7+8=", "999+1="]
     ids, mask = tokenize_prompts(tok, [p for p in prompts for _ in range(G)])
     gen = torch.Generator().manual_seed(0)
     comp = torch.randint(4, 14, (ids.shape[0], 5), generator=gen)
@@ -44,9 +45,10 @@ def test_unique_prompts_maps_rows_back():
     )
 
 
-def test_values_and_gradients_match_the_full_forward(model_tok):
+@pytest.mark.parametrize("G", [3, 1])  # groups of 3 rows; every prompt distinct
+def test_values_and_gradients_match_the_full_forward(model_tok, G):
     model, tok = model_tok
-    ids, mask, comp, comp_mask = _batch(tok)
+    ids, mask, comp, comp_mask = _batch(tok, G)
     weights = torch.randn(comp.shape + (model.config.vocab_size,), generator=torch.Generator())
 
     def grads(fn):

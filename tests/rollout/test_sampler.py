@@ -41,9 +41,12 @@ def test_next_token_samples_the_tempered_nucleus():
     assert torch.allclose(logp, torch.log_softmax(logits[0], -1)[0].expand(2))
 
 
-def test_greedy_equals_transformers_generate(setup):
+@pytest.mark.parametrize(
+    "prompts", [["12+345=", "7+8=", "999+1=", "7+8="], ["7+8=", "999+1=", "12+345=", "5+5="]]
+)  # a repeated prompt; all distinct, unsorted (the evaluation's case)
+def test_greedy_equals_transformers_generate(setup, prompts):
     tok, model = setup
-    ids, mask = tokenize_prompts(tok, ["12+345=", "7+8=", "999+1=", "7+8="])
+    ids, mask = tokenize_prompts(tok, prompts)
     params = SamplingParams(0.0, 1.0, 6)
     ours = HFGenerator(model, tok.pad_token_id, tok.eos_token_id, sampler="cached_loop")
     hf = HFGenerator(model, tok.pad_token_id, tok.eos_token_id, sampler="generate")
