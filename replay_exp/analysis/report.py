@@ -121,12 +121,12 @@ def make_report(
     written.append(out / "runs.csv")
 
     y_label = {"eval/pass@1": "held-out pass@1 (greedy)"}.get(metric, metric)
-    for axis in dict.fromkeys([x, "steps", "wall"]):
-        curves = aggregate(steps, axis, metric)
-        written += plot_curves(curves, out / f"curves_{axis}", x_label(axis), y_label, base,
+    curves_by_axis = {axis: aggregate(steps, axis, metric) for axis in (x, "steps", "wall")}
+    for axis, axis_curves in curves_by_axis.items():
+        written += plot_curves(axis_curves, out / f"curves_{axis}", x_label(axis), y_label, base,
                                logx=logx, title=f"{y_label} vs {axis}")  # fmt: skip
 
-    curves = aggregate(steps, x, metric)
+    curves = curves_by_axis[x]
     if curves["label"].nunique() > 1:
         fam, base_fam = families(runs)
         written += plot_pareto(curves, fam, out / f"pareto_{x}", x_label(x), y_label, base_fam)
