@@ -2,6 +2,23 @@
 
 The loss is chosen by ``algo.name``: ``grpo`` (``replay_exp.algo.grpo_loss``, clipped surrogate,
 optional truncated IS) or ``asymre`` (``replay_exp.algo.asymre_loss``, no importance ratio).
+
+Loss normalisation. ``algo.loss_agg`` reduces the per-token terms of the WHOLE batch of B
+rollouts to one scalar (``replay_exp.algo.grpo``, item 6): ``token_mean`` divides the sum over
+every valid completion token of the B rollouts by the number of those tokens (the ``tokens``
+stat), so every token weighs the same, whatever the length of its rollout or of the others;
+``seq_mean`` divides the sum of per-rollout token means by the number of rollouts with a valid
+token; ``seq_sum_norm`` divides the token sum by ``B * norm_len``.
+
+Micro-batching. With ``algo.micro_batch_size = m`` (None: the whole batch) the forward and
+backward run on m rollouts at a time, contiguous rows of the batch in its order (rows of one
+prompt group that land in the same micro-batch share one prompt forward), and the gradients
+accumulate before ONE optimizer step. Each micro-batch's loss is divided by the normaliser of
+the whole batch (``replay_exp.algo.agg_denominator``), not by its own, so the micro-batch
+losses add up to the full-batch loss and the accumulated gradient is the full-batch gradient
+up to float rounding: micro-batching changes peak memory (one micro-batch's activations and
+[m, C, V] logits), never the update. The stats are computed once, after the last backward, from
+the whole batch's log-probs, so they are the full-batch values too.
 """
 
 from __future__ import annotations
@@ -9,20 +26,68 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from replay_exp.algo import ALGO_NAMES, asymre_loss, grpo_loss, masked_mean, token_logprobs
+from replay_exp.algo import (
+    ALGO_NAMES,
+    agg_denominator,
+    asymre_loss,
+    grpo_loss,
+    masked_mean,
+    token_logprobs,
+)
 from replay_exp.models.shared_prefix import completion_logits, positions, supports_prefix_sharing
 from replay_exp.types import RolloutBatch
 
 
+def row_chunks(n_rows: int, size: int | None) -> list[slice]:
+    """Contiguous slices of at most ``size`` rows covering ``n_rows`` (one slice if None)."""
+    if size is None or size >= n_rows:
+        return [slice(0, n_rows)]
+    if size < 1:
+        raise ValueError(f"micro_batch_size must be a positive number of rollouts, got {size}")
+    return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
+
+
+def micro_batch(batch: RolloutBatch, rows: slice) -> RolloutBatch:
+    """Rows ``rows`` of ``batch``, trimmed of the columns that are padding in all of them (none
+    trimmed if no row has a completion token: the forward needs one column)."""
+    micro = batch.index(rows)
+    return micro.trimmed() if micro.completion_mask_BxC.any() else micro
+
+
 def policy_logprobs(
-    model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    micro_batch_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(completion token) and per-token entropy under ``model``, shapes [B, C].
 
     The sequence is [left-padded prompt | right-padded completion]; position ids count real
     tokens only, exactly as ``generate`` does with left padding. Rows that share a prompt share
-    its forward (``replay_exp.models.shared_prefix``); other modules get one full forward."""
+    its forward (``replay_exp.models.shared_prefix``); other modules get one full forward.
+
+    ``micro_batch_size``: run the rows that many at a time (each chunk trimmed of its padding
+    columns; prompts are shared within a chunk) and concatenate: the same values on valid
+    tokens up to float rounding (padding, meaningless anyway, may read 0), with the memory of
+    one chunk. Meant for no-grad uses (evaluation entropy, recomputed behaviour log-probs):
+    under autograd every chunk's graph stays alive.
+    """
+    chunks = row_chunks(len(batch), micro_batch_size)
+    if len(chunks) == 1:
+        return _logprobs(model, batch, temperature)
+    C = batch.completion_ids_BxC.shape[1]
+    parts = [_logprobs(model, micro_batch(batch, rows), temperature) for rows in chunks]
+    logp_BxC = torch.cat([F.pad(logp, (0, C - logp.shape[1])) for logp, _ in parts])
+    entropy_BxC = torch.cat([F.pad(ent, (0, C - ent.shape[1])) for _, ent in parts])
+    return logp_BxC, entropy_BxC
+
+
+def _logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy_logprobs`` of all rows in one forward."""
     device = next(model.parameters()).device
     p_ids, p_mask = batch.prompt_ids_BxP.to(device), batch.prompt_mask_BxP.to(device)
     c_ids, c_mask = batch.completion_ids_BxC.to(device), batch.completion_mask_BxC.to(device)
@@ -46,6 +111,9 @@ def policy_update(
 ) -> dict[str, float]:
     """Take one optimizer step on ``batch`` with the loss ``algo.name``; return its statistics.
 
+    Forward and backward run ``algo.micro_batch_size`` rollouts at a time (absent or None: all
+    of them), with the gradient of the full batch (module docstring).
+
     Every loss reports ``loss``, ``pg_loss``, ``grad_norm``, ``entropy``, ``batch_size``,
     ``tokens`` and the staleness stats ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` /
     ``approx_kl`` (detached for AsymRE, which has no ratio in its loss), plus its own: GRPO the
@@ -54,23 +122,69 @@ def policy_update(
     """
     if algo.name not in ALGO_NAMES:
         raise ValueError(f"algo.name={algo.name} is unknown; choose one of {list(ALGO_NAMES)}")
+    if algo.name == "asymre" and algo.adv_normalize_std:
+        raise ValueError(
+            "algo.name=asymre recovers V_hat = reward - advantage, which needs "
+            "algo.adv_normalize_std=false"
+        )
+    if algo.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"algo.kl_coef={algo.kl_coef} > 0 needs a reference model")
     policy.train()
     device = next(policy.parameters()).device
+    B, C = batch.completion_ids_BxC.shape
     mask_BxC = batch.completion_mask_BxC.to(device)
-    logp_BxC, entropy_BxC = policy_logprobs(policy, batch, temperature)
-    ref_logp_BxC = None
-    if algo.kl_coef > 0:
+    denom = agg_denominator(mask_BxC, algo.loss_agg, norm_len)  # of the WHOLE batch
+    # Detached per-token values of every row, filled micro-batch by micro-batch, for the stats.
+    logp_BxC = torch.zeros(B, C, device=device)
+    entropy_BxC = torch.zeros(B, C, device=device)
+    ref_logp_BxC = torch.zeros(B, C, device=device) if algo.kl_coef > 0 else None
+
+    optimizer.zero_grad(set_to_none=True)
+    chunks = row_chunks(B, getattr(algo, "micro_batch_size", None))
+    for rows in chunks:
+        micro = batch if len(chunks) == 1 else micro_batch(batch, rows)
+        logp_mxc, entropy_mxc = policy_logprobs(policy, micro, temperature)
+        ref_mxc = None
+        if ref_logp_BxC is not None:
+            with torch.no_grad():
+                ref_mxc, _ = policy_logprobs(ref_model, micro, temperature)
+            ref_logp_BxC[rows, : ref_mxc.shape[1]] = ref_mxc
+        loss, stats = _loss(algo, micro, logp_mxc, ref_mxc, norm_len, denom)
+        loss.backward()
+        logp_BxC[rows, : logp_mxc.shape[1]] = logp_mxc.detach()
+        entropy_BxC[rows, : entropy_mxc.shape[1]] = entropy_mxc
+    max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
+    optimizer.step()
+
+    if len(chunks) > 1:  # one micro-batch's stats are partial: recompute on the whole batch
         with torch.no_grad():
-            ref_logp_BxC, _ = policy_logprobs(ref_model, batch, temperature)
+            loss, stats = _loss(algo, batch, logp_BxC, ref_logp_BxC, norm_len, denom)
+    stats["loss"] = float(loss.detach())
+    stats["grad_norm"] = float(grad_norm)
+    stats["entropy"] = float(masked_mean(entropy_BxC, mask_BxC))
+    stats["batch_size"] = len(batch)
+    stats["tokens"] = int(mask_BxC.sum())
+    return stats
+
+
+def _loss(
+    algo: Any,
+    batch: RolloutBatch,
+    logp_BxC: torch.Tensor,
+    ref_logp_BxC: torch.Tensor | None,
+    norm_len: int,
+    denom: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss ``algo.name`` of ``batch`` (all rows or one micro-batch) given its log-probs,
+    normalised by ``denom``."""
+    device = logp_BxC.device
+    mask_BxC = batch.completion_mask_BxC.to(device)
+    behaviour_BxC = batch.behaviour_logp_BxC.to(device)
     if algo.name == "asymre":
-        if algo.adv_normalize_std:
-            raise ValueError(
-                "algo.name=asymre recovers V_hat = reward - advantage, which needs "
-                "algo.adv_normalize_std=false"
-            )
         # V_hat (group-mean reward at generation time) = r - A for unnormalised advantages.
         reward_B = batch.reward_B.to(device)
-        loss, stats = asymre_loss(
+        return asymre_loss(
             logp_BxC,
             reward_B,
             reward_B - batch.advantage_B.to(device),
@@ -80,31 +194,21 @@ def policy_update(
             norm_len=norm_len,
             kl_coef=algo.kl_coef,
             ref_logp_BxC=ref_logp_BxC,
-            behaviour_logp_BxC=batch.behaviour_logp_BxC.to(device),
+            behaviour_logp_BxC=behaviour_BxC,
+            denom=denom,
         )
-    else:
-        loss, stats = grpo_loss(
-            logp_BxC,
-            batch.behaviour_logp_BxC.to(device),
-            batch.advantage_B.to(device),
-            mask_BxC,
-            eps_low=algo.eps_low,
-            eps_high=algo.eps_high,
-            agg=algo.loss_agg,
-            norm_len=norm_len,
-            kl_coef=algo.kl_coef,
-            ref_logp_BxC=ref_logp_BxC,
-            tis_cap=algo.tis_cap,
-            tis_level=algo.tis_level,
-        )
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
-    optimizer.step()
-    stats["loss"] = float(loss.detach())
-    stats["grad_norm"] = float(grad_norm)
-    stats["entropy"] = float(masked_mean(entropy_BxC.detach(), mask_BxC))
-    stats["batch_size"] = len(batch)
-    stats["tokens"] = int(mask_BxC.sum())
-    return stats
+    return grpo_loss(
+        logp_BxC,
+        behaviour_BxC,
+        batch.advantage_B.to(device),
+        mask_BxC,
+        eps_low=algo.eps_low,
+        eps_high=algo.eps_high,
+        agg=algo.loss_agg,
+        norm_len=norm_len,
+        kl_coef=algo.kl_coef,
+        ref_logp_BxC=ref_logp_BxC,
+        tis_cap=algo.tis_cap,
+        tis_level=algo.tis_level,
+        denom=denom,
+    )

@@ -5,6 +5,7 @@ from replay_exp.algo.asymre import asymre_loss
 from replay_exp.algo.grpo import (
     AGG_MODES,
     TIS_LEVELS,
+    agg_denominator,
     aggregate,
     grpo_loss,
     kl_k3,
@@ -21,6 +22,7 @@ __all__ = [
     "AGG_MODES",
     "ALGO_NAMES",
     "TIS_LEVELS",
+    "agg_denominator",
     "aggregate",
     "asymre_loss",
     "group_advantages",

@@ -58,13 +58,16 @@ def asymre_loss(
     kl_coef: float = 0.0,
     ref_logp_BxC: Tensor | None = None,
     behaviour_logp_BxC: Tensor | None = None,
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """AsymRE loss (to minimise) and detached stats over valid tokens.
 
     ``coef_B = reward_B - (baseline_B + dv)`` (a constant), per token the objective is
     ``coef * logp`` and ``loss = -aggregate(objective) + kl_coef * aggregate(k3)`` (the k3 term
     as in ``grpo_loss``, only when ``kl_coef > 0``). Gradients flow only into ``logp_BxC``.
-    ``baseline_B`` is V_hat, the group-mean reward at generation time.
+    ``baseline_B`` is V_hat, the group-mean reward at generation time. ``denom`` is the
+    aggregation normaliser, as in ``grpo_loss`` (None: this batch's own; a micro-batch passes
+    the whole batch's and gets its share of the loss).
 
     ``behaviour_logp_BxC`` is optional and never enters the loss or its gradient; when given,
     the staleness stats of ``grpo_loss`` (``ratio_mean`` / ``ratio_min`` / ``ratio_max`` /
@@ -99,9 +102,9 @@ def asymre_loss(
     logp_BxC = torch.where(mask_BxC, logp_BxC.float(), zero)
     coef_B = reward_B.detach().float() - (baseline_B.detach().float() + dv)
     objective_BxC = coef_B.unsqueeze(1) * logp_BxC
-    pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
+    pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len, denom)
     loss, kl_ref = with_kl_penalty(
-        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len
+        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len, denom
     )
 
     with torch.no_grad():

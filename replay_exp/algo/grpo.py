@@ -22,6 +22,10 @@ Deviations from vanilla GRPO (DeepSeekMath, Shao et al. 2024):
      sequences that have any; every sequence weighs the same.
    - ``"seq_sum_norm"`` (Dr.GRPO): sum over valid tokens / (B * norm_len), with ``norm_len`` a
      constant such as max_new_tokens; no per-sequence length normalisation bias.
+   Each mode is a sum over rows divided by a normaliser of the whole batch
+   (``agg_denominator``). The losses take that normaliser as ``denom``, so a micro-batch of
+   rows, given the whole batch's ``denom``, contributes exactly its share of the batch loss and
+   the micro-batch losses (and gradients) add up to the full-batch ones.
 7. A single gradient step per batch: no inner PPO epochs over the same batch (reuse comes from
    the buffer instead).
 8. Optional truncated importance sampling (TIS), off by default (``tis_cap=None``). With a cap
@@ -116,7 +120,36 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return x_sel.sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def aggregate(loss_BxC: Tensor, mask_BxC: Tensor, mode: str, norm_len: int | None = None) -> Tensor:
+def agg_denominator(mask_BxC: Tensor, mode: str, norm_len: int | None = None) -> Tensor:
+    """The normaliser ``aggregate`` divides by (module docstring, item 6), a float32 0-dim tensor.
+
+    ``"token_mean"``: the number of valid tokens; ``"seq_mean"``: the number of rows with at
+    least one valid token; ``"seq_sum_norm"``: ``B * norm_len`` (``norm_len`` required). At least
+    1, so an empty batch aggregates to 0, not nan.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; valid modes are {AGG_MODES}")
+    mask_BxC = mask_BxC.bool()
+    if mode == "token_mean":
+        count = mask_BxC.sum()
+    elif mode == "seq_mean":
+        count = mask_BxC.any(dim=1).sum()
+    else:
+        if norm_len is None or norm_len <= 0:
+            raise ValueError(
+                f"aggregation 'seq_sum_norm' needs a positive norm_len, got {norm_len}"
+            )
+        count = torch.tensor(mask_BxC.shape[0] * norm_len, device=mask_BxC.device)
+    return count.clamp(min=1).float()
+
+
+def aggregate(
+    loss_BxC: Tensor,
+    mask_BxC: Tensor,
+    mode: str,
+    norm_len: int | None = None,
+    denom: Tensor | float | None = None,
+) -> Tensor:
     """Reduce per-token terms to a scalar over valid tokens (see module docstring, item 6).
 
     ``"token_mean"``: sum of valid tokens / number of valid tokens in the batch.
@@ -124,19 +157,22 @@ def aggregate(loss_BxC: Tensor, mask_BxC: Tensor, mode: str, norm_len: int | Non
     least one valid token (an empty row has no mean and is left out).
     ``"seq_sum_norm"``: sum of valid tokens / (B * ``norm_len``); ``norm_len`` is required.
     Rows or batches with no valid tokens contribute 0, never nan.
+
+    The numerator (sum of valid tokens, or of row means for ``"seq_mean"``) is a sum over rows;
+    the normaliser is ``denom`` if given, else ``agg_denominator`` of this batch. Pass the
+    whole batch's ``agg_denominator`` when ``loss_BxC`` holds only some of its rows.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid modes are {AGG_MODES}")
     mask_BxC = mask_BxC.bool()
-    if mode == "token_mean":
-        return masked_mean(loss_BxC, mask_BxC)
+    if denom is None:
+        denom = agg_denominator(mask_BxC, mode, norm_len)
     if mode == "seq_mean":
-        seq_B = masked_mean(loss_BxC, mask_BxC, dim=1)
-        return masked_mean(seq_B, mask_BxC.any(dim=1))
-    if norm_len is None or norm_len <= 0:
-        raise ValueError(f"aggregation 'seq_sum_norm' needs a positive norm_len, got {norm_len}")
-    zero = torch.zeros((), dtype=loss_BxC.dtype, device=loss_BxC.device)
-    return torch.where(mask_BxC, loss_BxC, zero).sum() / (max(loss_BxC.shape[0], 1) * norm_len)
+        total = masked_mean(loss_BxC, mask_BxC, dim=1).sum()  # an empty row's mean is 0
+    else:
+        zero = torch.zeros((), dtype=loss_BxC.dtype, device=loss_BxC.device)
+        total = torch.where(mask_BxC, loss_BxC, zero).sum()
+    return total / denom
 
 
 def tis_weight(
@@ -203,6 +239,7 @@ def kl_k3(
     mask_BxC: Tensor,
     agg: str = "token_mean",
     norm_len: int | None = None,
+    denom: Tensor | float | None = None,
 ) -> Tensor:
     """Aggregated k3 estimate of KL(pi_theta || pi_ref): ``exp(d) - d - 1``, ``d = ref - logp``.
 
@@ -215,7 +252,7 @@ def kl_k3(
     ref_BxC = torch.where(mask_BxC, ref_logp_BxC.detach().float(), zero)
     d_BxC = ref_BxC - logp_BxC
     k3_BxC = torch.exp(d_BxC) - d_BxC - 1.0
-    return aggregate(k3_BxC, mask_BxC, agg, norm_len)
+    return aggregate(k3_BxC, mask_BxC, agg, norm_len, denom)
 
 
 def grpo_loss(
@@ -232,6 +269,7 @@ def grpo_loss(
     ref_logp_BxC: Tensor | None = None,
     tis_cap: float | None = None,
     tis_level: str = "token",
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped GRPO surrogate loss (to minimise) and detached stats over valid tokens.
 
@@ -242,6 +280,9 @@ def grpo_loss(
     ``tis_cap`` is set; then it is the detached truncated importance weight of ``tis_weight``
     (``tis_level`` "token" or "sequence"; module docstring, item 8).
     Gradients flow only into ``logp_BxC``; behaviour/ref log-probs and advantages are constants.
+    ``denom`` is the aggregation normaliser (``agg_denominator``; None: this batch's own). A
+    micro-batch given the whole batch's ``denom`` returns its share of the batch loss (and of
+    ``pg_loss`` / ``kl_ref``); its other stats are of its own rows.
 
     Stats (python floats): ``pg_loss`` (the policy-gradient part of the loss), ``clip_frac``
     (valid tokens whose gradient the clip zeroes: ``clip_frac_low`` = ratio < 1 - eps_low with
@@ -286,9 +327,9 @@ def grpo_loss(
     if tis_cap is not None:
         tis_w_BxC, tis_trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
         objective_BxC = objective_BxC * tis_w_BxC
-    pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len)
+    pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len, denom)
     loss, kl_ref = with_kl_penalty(
-        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len
+        pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len, denom
     )
 
     with torch.no_grad():
@@ -324,6 +365,7 @@ def with_kl_penalty(
     kl_coef: float,
     agg: str,
     norm_len: int | None,
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """``(pg_loss + kl_coef * KL_k3(pi_theta || pi_ref), the KL term)``; the KL term is None and
     the loss unchanged when ``kl_coef == 0``."""
@@ -331,7 +373,7 @@ def with_kl_penalty(
         return pg_loss, None
     if ref_logp_BxC is None:
         raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
-    kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len)
+    kl_ref = kl_k3(logp_BxC, ref_logp_BxC, mask_BxC, agg, norm_len, denom)
     return pg_loss + kl_coef * kl_ref, kl_ref
 
 

@@ -30,8 +30,15 @@ def unique_prompts(
 
 
 def supports_prefix_sharing(model: torch.nn.Module) -> bool:
-    """A transformers causal LM (KV cache with ``batch_select_indices``)."""
-    return isinstance(model, PreTrainedModel)
+    """A transformers causal LM (KV cache with ``batch_select_indices``) whose layers will use
+    the cache: not one training with gradient checkpointing, where transformers drops
+    ``use_cache`` and ``past_key_values`` (the recompute in the backward would write the cache
+    twice), so the completion forward would not see the prompt. Such a model takes the full
+    [prompt | completion] forward instead; in eval mode checkpointing is off and sharing works.
+    """
+    if not isinstance(model, PreTrainedModel):
+        return False
+    return not (model.is_gradient_checkpointing and model.training)
 
 
 def prefill(model: PreTrainedModel, ids_BxP: torch.Tensor, mask_BxP: torch.Tensor):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from replay_exp.algo import aggregate, grpo_loss, masked_mean, token_logprobs
+from replay_exp.algo import agg_denominator, aggregate, grpo_loss, masked_mean, token_logprobs
 
 EPS = 1e-6
 
@@ -105,6 +105,25 @@ def test_aggregate_empty_rows_and_empty_batch():
     none = torch.zeros_like(mask)
     for mode in ("token_mean", "seq_mean", "seq_sum_norm"):
         assert aggregate(loss, none, mode, norm_len=2).item() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "denom", "row_parts"),
+    [
+        # LOSS / MASK above: 4 valid tokens, 2 sequences, B * norm_len = 2 * 4 = 8
+        ("token_mean", 4.0, [6 / 4, 4 / 4]),  # row sums / 4: 1.5 + 1 = 2.5 (own: 2 + 4 = 6)
+        ("seq_mean", 2.0, [2 / 2, 4 / 2]),  # row means / 2: 1 + 2 = 3 (own: 2 + 4 = 6)
+        ("seq_sum_norm", 8.0, [6 / 8, 4 / 8]),  # row sums / 8: 0.75 + 0.5 = 1.25 (own: 2.5)
+    ],
+)
+def test_aggregate_of_row_chunks_with_the_batch_denominator_adds_up(mode, denom, row_parts):
+    # Each row aggregated alone but divided by the whole batch's normaliser is its share of
+    # the batch value: the shares add up to test_aggregate_uneven_lengths' numbers.
+    whole = agg_denominator(MASK, mode, norm_len=4)
+    assert whole.item() == denom
+    parts = [aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, 4, denom=whole) for i in (0, 1)]
+    assert [x.item() for x in parts] == pytest.approx(row_parts)
+    assert sum(parts).item() == pytest.approx(aggregate(LOSS, MASK, mode, 4).item())
 
 
 def test_aggregate_bad_mode_and_missing_norm_len():

@@ -1,0 +1,172 @@
+"""Micro-batching in the update: the same gradients and stats as the full batch; chunked and
+gradient-checkpointed log-probs equal the plain ones. A real (tiny) transformers model."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from replay_exp.config import compose
+from replay_exp.models import build_char_tokenizer, build_tiny_model
+from replay_exp.models.shared_prefix import supports_prefix_sharing
+from replay_exp.types import RolloutBatch
+from replay_exp.update import policy_logprobs, policy_update, row_chunks
+
+NORM_LEN = 12
+# Completion lengths, rows in groups of [3 | 3 | 2] prompts. Row 1 is empty. Micro-batches of 3
+# hold 3, 34 and 15 valid tokens, of 4: 15 and 37, so a micro-batch divided by its own token
+# count (or own row count, for seq_mean / seq_sum_norm) would get a very different gradient.
+LENGTHS = [1, 0, 2, 12, 10, 12, 3, 12]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A model this small runs fastest on one thread (with more, a busy CPU makes the many
+    small micro-batch forwards 10-100x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = compose(["model.hidden_size=32", "model.num_layers=2", "model.intermediate_size=64"])
+    return build_tiny_model(cfg.model, build_char_tokenizer(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def batch(model) -> RolloutBatch:
+    tok = build_char_tokenizer()
+    texts = ["12+345="] * 3 + ["7+8="] * 3 + ["999+1="] * 2  # prompts of different lengths
+    enc = tok(texts, padding=True, return_tensors="pt")  # left-padded, with BOS
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+    B, C = len(texts), max(LENGTHS)
+    gen = torch.Generator().manual_seed(0)
+    comp_mask = torch.arange(C)[None, :] < torch.tensor(LENGTHS)[:, None]
+    comp = torch.where(comp_mask, torch.randint(4, 14, (B, C), generator=gen), tok.pad_token_id)
+    reward = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    group = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    group_mean = torch.zeros(3).index_add(0, group, reward) / torch.bincount(group)
+    rows = RolloutBatch(
+        prompt_ids_BxP=ids,
+        prompt_mask_BxP=mask,
+        completion_ids_BxC=comp,
+        completion_mask_BxC=comp_mask,
+        behaviour_logp_BxC=torch.zeros(B, C),
+        reward_B=reward,
+        advantage_B=reward - group_mean[group],  # unnormalised, so AsymRE can use it too
+        version_B=torch.zeros(B, dtype=torch.long),
+        created_step_B=torch.zeros(B, dtype=torch.long),
+        group_id_B=group,
+        uid_B=torch.arange(B),
+    )
+    # Stale behaviour log-probs: the model's own plus noise, so ratios spread around 1, some
+    # tokens clip and some sequence TIS weights truncate.
+    with torch.no_grad():
+        logp, _ = policy_logprobs(model, rows)
+    noise = 0.3 * torch.randn(B, C, generator=gen)
+    rows.behaviour_logp_BxC = torch.where(comp_mask, logp + noise, 0.0)
+    return rows
+
+
+def _algo(**kw):
+    base = dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0, loss_agg="token_mean",
+                adv_normalize_std=False, grad_clip=None, tis_cap=None, tis_level="token",
+                asymre_dv=-0.1, micro_batch_size=None)  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _grads_and_stats(model, batch, algo, ref_model=None):
+    """One update with lr = 0: the accumulated gradient (flat) and the stats."""
+    policy = copy.deepcopy(model)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    stats = policy_update(policy, opt, batch, algo, 1.0, NORM_LEN, ref_model)
+    return torch.cat([p.grad.flatten() for p in policy.parameters()]), stats
+
+
+CASES = {
+    **{f"{name}-{agg}": dict(name=name, loss_agg=agg)
+       for name in ("grpo", "asymre") for agg in ("token_mean", "seq_mean", "seq_sum_norm")},
+    "grpo-kl": dict(kl_coef=0.1),
+    "asymre-kl-seq_mean": dict(name="asymre", kl_coef=0.1, loss_agg="seq_mean"),
+    "grpo-tis-sequence": dict(tis_cap=1.0, tis_level="sequence"),
+    "grpo-tis-token-clip": dict(tis_cap=1.1, grad_clip=1e-3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_micro_batches_give_the_full_batch_gradient_and_stats(model, batch, case):
+    kw = CASES[case]
+    ref = None
+    if kw.get("kl_coef"):
+        ref = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    full_g, full = _grads_and_stats(model, batch, _algo(**kw), ref)
+    scale = full_g.abs().max()
+    assert scale > 0 and full["tokens"] == sum(LENGTHS) and full["batch_size"] == 8
+    for m in (1, 3, 4, 8):
+        g, stats = _grads_and_stats(model, batch, _algo(**kw, micro_batch_size=m), ref)
+        torch.testing.assert_close(g, full_g, rtol=1e-5, atol=1e-5 * scale)
+        assert stats.keys() == full.keys()
+        for key, value in full.items():
+            assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (m, key)
+    if "tis" in case:
+        assert 0 < full["tis_capped_frac"] < 1 and full["tis_weight_min"] < 1
+    if "clip" in case:  # grad_clip binds: grad_norm is the pre-clip norm, the same in both
+        assert full["grad_norm"] > 1e-3
+    if kw.get("name", "grpo") == "grpo":
+        assert full["clip_frac"] > 0
+
+
+def test_micro_batch_size_of_zero_is_rejected(model, batch):
+    with pytest.raises(ValueError, match="micro_batch_size must be a positive"):
+        _grads_and_stats(model, batch, _algo(micro_batch_size=0))
+
+
+def test_row_chunks():
+    assert row_chunks(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    assert row_chunks(7, None) == row_chunks(7, 7) == row_chunks(7, 10) == [slice(0, 7)]
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5])  # 2 and 5 split prompt groups across chunks
+def test_chunked_logprobs_equal_unchunked(model, batch, m):
+    mask = batch.completion_mask_BxC
+    with torch.no_grad():
+        logp, ent = policy_logprobs(model, batch, temperature=0.7)
+        logp_m, ent_m = policy_logprobs(model, batch, temperature=0.7, micro_batch_size=m)
+    assert logp_m.shape == ent_m.shape == mask.shape
+    torch.testing.assert_close(logp_m[mask], logp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_m[mask], ent[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_checkpointing_takes_the_full_forward_with_the_same_values(model, batch):
+    ckpt = copy.deepcopy(model)
+    ckpt.gradient_checkpointing_enable()
+    plain = copy.deepcopy(model)
+    ckpt.train(), plain.train()
+    # Training under checkpointing drops the KV cache, so no shared-prompt forward; in eval
+    # mode checkpointing is off and the cache works.
+    assert supports_prefix_sharing(plain) and not supports_prefix_sharing(ckpt)
+    assert supports_prefix_sharing(ckpt.eval()) and ckpt.train().is_gradient_checkpointing
+    mask = batch.completion_mask_BxC
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+
+    def logp_and_grads(m):
+        logp, _ = policy_logprobs(m, batch)
+        torch.where(mask, logp * weights, 0.0).sum().backward()
+        return logp.detach()[mask], torch.cat([p.grad.flatten() for p in m.parameters()])
+
+    logp_c, g_c = logp_and_grads(ckpt)
+    logp_p, g_p = logp_and_grads(plain)
+    torch.testing.assert_close(logp_c, logp_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_c, g_p, rtol=1e-5, atol=1e-5 * g_p.abs().max())
+    # ... and a micro-batched update of the checkpointed model has the plain full-batch gradient
+    full_g, _ = _grads_and_stats(model, batch, _algo())
+    ckpt_g, _ = _grads_and_stats(ckpt, batch, _algo(micro_batch_size=3))
+    torch.testing.assert_close(ckpt_g, full_g, rtol=1e-5, atol=1e-5 * full_g.abs().max())
