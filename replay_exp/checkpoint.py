@@ -115,30 +115,20 @@ class RNGState:
 
 
 class GeneratorState:
-    """A generation backend's policy version and, when it keeps a private weight copy
-    (``share_weights=False``, i.e. sync_every > 1), those weights."""
+    """A generation backend's snapshot (``Generator.state_dict``): its policy version and, when
+    it keeps a private weight copy (e.g. ``sync_every > 1``), those weights."""
 
     def __init__(self, generator: Any):
         self.generator = generator
 
-    def _private(self) -> bool:
-        return not getattr(self.generator, "share_weights", True)
-
     def state_dict(self) -> dict:
-        state: dict[str, Any] = {"version": int(self.generator.version)}
-        if self._private():
-            state["model"] = self.generator.model.state_dict()
-        return state
+        return self.generator.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if ("model" in state) != self._private():
-            raise CheckpointError(
-                "generator snapshot and generator disagree on keeping a private weight copy "
-                f"(snapshot: {'model' in state}, generator: {self._private()})"
-            )
-        if "model" in state:
-            self.generator.model.load_state_dict(state["model"])
-        self.generator.version = int(state["version"])
+        try:
+            self.generator.load_state_dict(state)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
 
 
 # ---------------------------------------------------------------------------------------------

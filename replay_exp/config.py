@@ -8,6 +8,8 @@ any model is built or any file is written.
 """
 
 import hashlib
+import importlib.util
+import json
 import math
 import os
 import re
@@ -43,14 +45,16 @@ class WarmStartConfig:
 class ModelConfig:
     name: str = MISSING  # a label for logs and run names
     arch: str = "llama"  # llama | qwen2, for models built from a config
-    pretrained: str | None = None  # local dir (or hub id) for from_pretrained
+    pretrained: str | None = MISSING  # local dir or hub id for from_pretrained; null = tiny
     hidden_size: int = 128
     num_layers: int = 3
     num_heads: int = 4
     intermediate_size: int = 384
     max_position_embeddings: int = 64
-    tie_word_embeddings: bool = True
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    tie_word_embeddings: bool | None = True  # pretrained: null = as saved, false = untie
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, else float32)
+    chat_template: bool = False  # wrap prompts in the tokenizer's chat template
+    gradient_checkpointing: bool = False
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 
@@ -63,6 +67,27 @@ class ArithmeticTaskConfig:
     eval_fraction: float = 0.01  # share of the problem space reserved for held-out
     split_seed: int = 0
     demo_carry_drop: float = 0.0  # warm-start demonstrations only
+
+
+@dataclass
+class MathTaskConfig:
+    name: str = MISSING  # gsm8k | math | openr1_math (the dataset's format)
+    path: str | None = None  # local .jsonl / .json / .parquet file or folder; null = the hub
+    hub_id: str | None = None  # null: the dataset's usual hub id
+    config: str | None = None  # hub config; null: the dataset's default
+    split: str = "train"  # hub split of the training problems
+    limit: int | None = None  # keep the first `limit` usable rows
+    eval_dataset: str | None = None  # format of the held-out source; null: as `name`
+    eval_path: str | None = None  # local held-out file
+    eval_hub_id: str | None = None  # hub id of the held-out split; null: `hub_id`
+    eval_config: str | None = None
+    eval_split: str | None = None  # hub split held out (hub loads only); null: hold out n_eval
+    n_eval: int = 500  # held out of the training data when no separate eval source is used
+    split_seed: int = 0
+    template: str = "default"  # math_data.PROMPT_TEMPLATES key or a string with {question}
+    max_prompt_tokens: int = 512  # longer prompts are dropped (after the chat template)
+    max_response_tokens: int = 1024  # generation.max_new_tokens when that is null
+    cache_dir: str | None = None  # datasets cache; null: the datasets default
 
 
 @dataclass
@@ -112,6 +137,7 @@ class AlgoConfig:
     tis_cap: float | None = None  # grpo: truncated IS weight cap c; None = off
     tis_level: str = "token"  # grpo: "token" or "sequence" importance weight
     asymre_dv: float = -0.1  # asymre: baseline shift dV in (r - (V_hat + dV)) * log pi
+    micro_batch_size: int | None = None  # rollouts per forward/backward; None = the whole batch
 
 
 @dataclass
@@ -122,6 +148,10 @@ class GenerationConfig:
     max_new_tokens: int | None = None  # None: the task's longest answer + EOS
     chunk_size: int = 256  # prompts x samples per generate() call
     sampler: str = "cached_loop"  # hf backend: cached_loop (ours) | generate (transformers)
+    behaviour_logp: str = "engine"  # engine (the generator's) | trainer (recomputed, logged)
+    gpu_memory_utilization: float = 0.35  # vllm: share of GPU memory the engine may take
+    enforce_eager: bool = False  # vllm: no CUDA graphs (slower, starts faster)
+    kv_cache_memory_bytes: int | None = None  # vllm: fixed KV-cache size instead of the share
 
 
 @dataclass
@@ -192,6 +222,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(group="task", name="arithmetic_schema", node=ArithmeticTaskConfig)
+    cs.store(group="task", name="math_schema", node=MathTaskConfig)
     for group, node in [
         ("model", ModelConfig),
         ("buffer", BufferConfig),
@@ -262,6 +293,7 @@ class Derived:
     paper_units_per_step: float  # (B + mu R) / (B (1 + mu)), or gamma (async); on-policy: 1
     device: str
     threads: int
+    dtype: str = "float32"  # model.dtype with auto resolved
 
 
 def _fail(msg: str) -> None:
@@ -287,6 +319,9 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     s, a, b, g, e = cfg.schedule, cfg.algo, cfg.buffer, cfg.generation, cfg.eval
 
+    if OmegaConf.is_missing(cfg.model, "pretrained"):
+        _fail("model=pretrained needs model.pretrained=<local dir or hub org/name>")
+
     # Option names.
     if cfg.task.name not in TASKS:
         _fail(f"task.name={cfg.task.name} is unknown; choose one of {sorted(TASKS)}")
@@ -296,6 +331,20 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _fail(f"generation.backend={g.backend} is unknown; choose one of {sorted(BACKENDS)}")
     if g.sampler not in SAMPLERS:
         _fail(f"generation.sampler={g.sampler} is unknown; choose one of {sorted(SAMPLERS)}")
+    if g.behaviour_logp not in ("engine", "trainer"):
+        _fail(f"generation.behaviour_logp={g.behaviour_logp} is unknown; choose engine or trainer")
+    if not 0 < g.gpu_memory_utilization <= 1:
+        _fail(
+            f"generation.gpu_memory_utilization={g.gpu_memory_utilization} must be in (0, 1] "
+            "(the share of GPU memory the vLLM engine may take)"
+        )
+    if g.kv_cache_memory_bytes is not None:
+        _positive("generation.kv_cache_memory_bytes", g.kv_cache_memory_bytes)
+    if g.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        _fail(
+            "generation.backend=vllm needs the vllm package, which is not installed: "
+            "pip install -e '.[gpu]' on a GPU machine (scripts/setup_vllm_cpu.sh: a CPU build)"
+        )
     if s.name not in ("sync", "async"):
         _fail(f"schedule.name={s.name} is unknown; choose one of ['async', 'sync']")
     from replay_exp.algo import ALGO_NAMES, TIS_LEVELS
@@ -307,8 +356,13 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         _fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {aggs}")
     if cfg.model.arch not in ("llama", "qwen2"):
         _fail(f"model.arch={cfg.model.arch} is unknown; choose one of ['llama', 'qwen2']")
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
-        _fail(f"model.dtype={cfg.model.dtype} is unknown; choose float32, bfloat16 or float16")
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16", "auto"):
+        _fail(
+            f"model.dtype={cfg.model.dtype} is unknown; choose float32, bfloat16, float16 or "
+            "auto (bfloat16 on CUDA, float32 on CPU)"
+        )
+    if cfg.model.tie_word_embeddings is None and not cfg.model.pretrained:
+        _fail("model.tie_word_embeddings=null (as saved) needs model.pretrained; set true or false")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         _fail(f"device={cfg.device} is unknown; choose auto, cpu, cuda or cuda:N")
     from replay_exp.logging import LOGGERS, WANDB_MODES
@@ -331,6 +385,14 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     _positive("logger.log_every", cfg.logger.log_every)
     _positive("generation.chunk_size", g.chunk_size)
     _positive("model.warm_start.batch_size", cfg.model.warm_start.batch_size)
+    if a.micro_batch_size is not None:
+        _positive("algo.micro_batch_size", a.micro_batch_size)
+    if g.behaviour_logp == "trainer" and (s.sync_every != 1 or s.sync_lag != 0):
+        _fail(
+            "generation.behaviour_logp=trainer recomputes behaviour log-probs with the "
+            f"trainer's weights, which are the generator's only with schedule.sync_every=1 and "
+            f"schedule.sync_lag=0 (given {s.sync_every} and {s.sync_lag})"
+        )
     if cfg.model.warm_start.steps < 0:
         _fail(f"model.warm_start.steps={cfg.model.warm_start.steps} must be >= 0")
     for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
@@ -499,18 +561,28 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
                 f"before any use"
             )
 
-    # Task (validates its own keys) and lengths.
-    task = make_task(cfg.task)
-    max_prompt_len = task.max_prompt_chars + 1  # + BOS
-    max_new = g.max_new_tokens if g.max_new_tokens is not None else task.max_answer_chars + 1
-    _positive("generation.max_new_tokens", max_new)
-    if (
-        cfg.model.pretrained is None
-        and max_prompt_len + max_new > cfg.model.max_position_embeddings
-    ):
+    # Model source, task (validates its own keys, loads its data) and lengths in tokens.
+    pretrained = cfg.model.pretrained
+    saved_model = pretrained_model_config(pretrained) if pretrained else None
+    if TASKS[cfg.task.name].needs_pretrained and not pretrained:
         _fail(
-            f"model.max_position_embeddings={cfg.model.max_position_embeddings} < prompt "
-            f"{max_prompt_len} + generation.max_new_tokens={max_new}"
+            f"task.name={cfg.task.name} needs a pretrained model with its own tokenizer "
+            "(model=qwen2_5_0_5b, model=<local dir>, or model.pretrained=...); the embedded "
+            "tiny model's char tokenizer cannot read it"
+        )
+    task = make_task(cfg.task)
+    max_prompt_len = task.max_prompt_tokens
+    max_new = g.max_new_tokens if g.max_new_tokens is not None else task.max_new_tokens
+    _positive("generation.max_new_tokens", max_new)
+    if pretrained is None:
+        max_positions, where = cfg.model.max_position_embeddings, "model.max_position_embeddings"
+    else:
+        max_positions = (saved_model or {}).get("max_position_embeddings")
+        where = f"max_position_embeddings of model.pretrained={pretrained}"
+    if max_positions is not None and max_prompt_len + max_new > max_positions:
+        _fail(
+            f"{where} = {max_positions} < prompt {max_prompt_len} + "
+            f"generation.max_new_tokens={max_new} tokens"
         )
 
     # Budget: exactly one of steps, rollouts, compute.
@@ -544,6 +616,9 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = cfg.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
     threads = cfg.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or os.cpu_count() or 1
 
     derived = Derived(
@@ -558,11 +633,57 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         paper_units_per_step=units_per_step,
         device=device,
         threads=threads,
+        dtype=dtype,
     )
     return cfg, derived
 
 
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def pretrained_model_config(name: str) -> dict | None:
+    """``config.json`` of a local ``save_pretrained`` directory, or None for a hub id (not
+    contacted here). Anything else fails with a one-line :class:`ConfigError`."""
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        file = os.path.join(path, "config.json")
+        if not os.path.isfile(file):
+            _fail(f"model.pretrained={name} has no config.json (not a save_pretrained directory)")
+        with open(file) as f:
+            return json.load(f)
+    if os.path.exists(path) or name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name):
+        _fail(f"model.pretrained={name} is neither a local model directory nor a hub id (org/name)")
+    return None
+
+
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def expand_model_shorthand(overrides: list[str]) -> list[str]:
+    """``model=<local dir or hub org/name>`` -> ``model=pretrained model.pretrained=<it>
+    model.name=<its last part>``; other arguments (and ``model=<config name>``) pass unchanged.
+
+    Applied to the command line before Hydra parses it. A value that is neither a config under
+    ``conf/model`` nor a directory nor a hub id fails with a one-line :class:`ConfigError`.
+    Sweeps over several paths use the long form: ``model=pretrained model.pretrained=a,b``."""
+    names = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, "model")) if f[-5:] == ".yaml")
+    out: list[str] = []
+    for arg in overrides:
+        key, _, value = arg.partition("=")
+        if key != "model" or value in names or "," in value or "(" in value:
+            out.append(arg)
+            continue
+        path = os.path.expanduser(value)
+        if os.path.isdir(path):
+            value = os.path.abspath(path)
+        elif not _HUB_ID.fullmatch(value) or os.path.exists(path):
+            raise ConfigError(
+                f"model={value} is neither a model config (one of {names}) nor a local model "
+                "directory nor a hub id (org/name)"
+            )
+        label = re.sub(r"[^\w.-]", "_", os.path.basename(value.rstrip("/"))) or "pretrained"
+        out += ["model=pretrained", f"model.pretrained='{value}'", f"model.name={label}"]
+    return out
 
 
 def compose(overrides: list[str] | None = None) -> DictConfig:
@@ -573,5 +694,6 @@ def compose(overrides: list[str] | None = None) -> DictConfig:
     from hydra import initialize_config_dir
 
     register_configs()
+    overrides = expand_model_shorthand(list(overrides or []))
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides or []), return_hydra_config=False)
+        return hydra_compose("train", overrides=overrides, return_hydra_config=False)

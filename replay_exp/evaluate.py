@@ -35,6 +35,8 @@ def evaluate(
     ecfg,
     max_new_tokens: int,
     seed: int,
+    chat: bool = False,
+    micro_batch_size: int | None = None,
 ) -> dict[str, float]:
     """Metrics of the current policy on ``problems`` (keys without the ``eval/`` prefix).
 
@@ -43,7 +45,7 @@ def evaluate(
     - ``entropy``: mean per-token entropy of the policy (temperature 1) on those samples.
     """
     out: dict[str, float] = {}
-    ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in problems])
+    ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in problems], chat)
     p1 = SamplingParams(ecfg.pass1_temperature, ecfg.pass1_top_p, max_new_tokens)
     gen = generator.generate(ids, mask, p1, seed)
     out["pass@1"] = float(score(tokenizer, task, problems, gen).mean())
@@ -75,7 +77,7 @@ def evaluate(
     )
     was_training = policy.training
     policy.eval()
-    _, entropy_BxC = policy_logprobs(policy, batch)
+    _, entropy_BxC = policy_logprobs(policy, batch, micro_batch_size=micro_batch_size)
     policy.train(was_training)
     out["entropy"] = float(masked_mean(entropy_BxC, gen.completion_mask_BxC.to(entropy_BxC.device)))
     return out

@@ -26,6 +26,7 @@ import logging
 import sys
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,18 @@ from replay_exp.checkpoint import (
     truncate_metrics,
 )
 from replay_exp.compute import Ledger, flop_params
-from replay_exp.config import ConfigError, Derived, register_configs, resolve
+from replay_exp.config import (
+    ConfigError,
+    Derived,
+    expand_model_shorthand,
+    register_configs,
+    resolve,
+)
 from replay_exp.evaluate import evaluate
 from replay_exp.logging import make_logger
 from replay_exp.models import load_policy
-from replay_exp.rollout import BACKENDS, HFGenerator, SamplingParams
-from replay_exp.rollout.collect import generate_rollouts
+from replay_exp.rollout import HFGenerator, SamplingParams, make_generator
+from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, recompute_behaviour_logp
 from replay_exp.rundir import RunStart, config_yaml, prepare_run_dir
 from replay_exp.schedule import Every, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
@@ -120,28 +127,36 @@ def _train(
 ) -> dict[str, Any]:
     s, a, g = cfg.schedule, cfg.algo, cfg.generation
     task = make_task(cfg.task)
-    policy, tokenizer, source = load_policy(cfg.model, cfg.task, task, d.device)
+    policy, tokenizer, source = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
     log.info("policy: %s (%s)", cfg.model.name, source)
+    chat = bool(cfg.model.chat_template)
+    dropped = task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
+    if dropped:
+        log.warning("dropped %d problems longer than %d prompt tokens", dropped, d.max_prompt_len)
     ref_model = None
     if a.kl_coef > 0:
-        ref_model = load_policy(cfg.model, cfg.task, task, d.device)[0].eval()
+        ref_model = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)[0].eval()
     torch.manual_seed(derive_seed(cfg.seed, "torch"))
 
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
     )
-    generator = BACKENDS[g.backend](
-        policy,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        share_weights=s.sync_every == 1 and s.sync_lag == 0,
-        chunk_size=g.chunk_size,
-        sampler=g.sampler,
-    )
-    evaluator = HFGenerator(
-        policy, tokenizer.pad_token_id, tokenizer.eos_token_id,
-        chunk_size=g.chunk_size, sampler=g.sampler,
+    share = s.sync_every == 1 and s.sync_lag == 0  # the generator samples the trainer's weights
+    generator = make_generator(
+        g, policy, tokenizer, share_weights=share,
+        model_dir=_generator_model_dir(cfg, source, policy, tokenizer, run_dir),
+        max_model_len=d.max_prompt_len + d.max_new_tokens, dtype=d.dtype,
+        seed=derive_seed(cfg.seed, "engine"), device=d.device,
     )  # fmt: skip
+    # Evaluation samples the trainer's current weights: through the engine when it follows the
+    # trainer at every step (synced right before each eval), else from the trainer's module.
+    if g.backend != "hf" and share:
+        evaluator = generator
+    else:
+        evaluator = HFGenerator(
+            policy, tokenizer.pad_token_id, tokenizer.eos_token_id,
+            chunk_size=g.chunk_size, sampler=g.sampler,
+        )  # fmt: skip
     buffer = make_buffer(
         cfg.buffer,
         capacity=d.capacity,
@@ -191,9 +206,12 @@ def _train(
 
     def run_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        if evaluator is generator and generator.version != step:
+            generator.sync_weights(policy, step)  # the engine then already holds version step
         out = evaluate(
             evaluator, policy, tokenizer, task, eval_problems, cfg.eval,
-            d.max_new_tokens, derive_seed(cfg.seed, "eval", step),
+            d.max_new_tokens, derive_seed(cfg.seed, "eval", step), chat=chat,
+            micro_batch_size=a.micro_batch_size,
         )  # fmt: skip
         ledger.add_eval(time.perf_counter() - t0)
         return {f"eval/{k}": v for k, v in out.items()}
@@ -216,14 +234,14 @@ def _train(
     )
     with logging_redirect_tqdm():
         for step in range(start, d.total_steps):
-            if sync(step):
+            if sync(step) and not (share and generator.version == step):
                 generator.sync_weights(*reversed(history.weights_for(step, policy)))
 
             # Generate the step's fresh rollouts (R/G prompts x G samples under the sync
             # schedule, the emulated arrivals under async), scored, advantages frozen.
             t0 = time.perf_counter()
             n_groups, first_group = arrivals.groups_at(step), arrivals.groups_before(step)
-            fresh = None  # the async emulation may deliver nothing at some steps
+            fresh, logp_stats = None, {}  # the async emulation may deliver nothing at some steps
             if n_groups:
                 prompts = task.sample_train(
                     np.random.default_rng(derive_seed(cfg.seed, "prompts", step)), n_groups
@@ -232,8 +250,12 @@ def _train(
                     generator, tokenizer, task, prompts, a.group_size, sampling,
                     seed=derive_seed(cfg.seed, "gen", step), step=step,
                     first_uid=first_group * a.group_size, first_group=first_group,
-                    normalize_std=a.adv_normalize_std,
+                    normalize_std=a.adv_normalize_std, chat=chat,
                 )  # fmt: skip
+                if g.behaviour_logp == "trainer":  # the trainer's log-probs replace the engine's
+                    fresh, logp_stats = recompute_behaviour_logp(
+                        policy, fresh, g.temperature, a.micro_batch_size
+                    )
                 seconds = time.perf_counter() - t0
                 ledger.add_generation(
                     _lengths(fresh), int(fresh.completion_mask_BxC.sum()), seconds
@@ -255,6 +277,7 @@ def _train(
             if log_due(version) or version == d.total_steps:
                 row = {"step": version, "policy/version": version}
                 row.update(_step_metrics(fresh, batch, stats, buffer, generator))
+                row.update(_prefixed("generation", logp_stats))
             if eval_due(version) or version == d.total_steps:
                 last_eval = run_eval(version)
                 write_telemetry(run_dir, version, buffer, logger)
@@ -281,6 +304,8 @@ def _train(
         "compute": ledger.metrics(),
     }
     logger.close(summary)
+    if hasattr(generator, "close"):
+        generator.close()
     if cfg.save_final_model:
         policy.save_pretrained(run_dir / "final_model")
         tokenizer.save_pretrained(run_dir / "final_model")
@@ -288,6 +313,20 @@ def _train(
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     log.info("done: %s", _fmt(last_eval))
     return summary
+
+
+def _generator_model_dir(cfg, source: str, policy, tokenizer, run_dir: Path) -> str | None:
+    """Where an engine-based backend loads its architecture from: the policy's own source
+    when its config is unchanged, else (random init, untied head) a save of the policy."""
+    if cfg.generation.backend == "hf":
+        return None
+    untied = cfg.model.pretrained and cfg.model.tie_word_embeddings is False
+    if source != "random-init" and not untied:
+        return source
+    path = run_dir / "generator_model"
+    policy.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
 
 
 def write_telemetry(run_dir: Path, step: int, buffer, logger=None) -> None:
@@ -347,5 +386,16 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     return run(resolved, derived, start.run_dir, start)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m replay_exp.train`` / ``replay-exp-train``: :func:`main` after expanding the
+    ``model=<dir or hub id>`` shorthand (``config.expand_model_shorthand``)."""
+    try:
+        sys.argv[1:] = expand_model_shorthand(sys.argv[1:])
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

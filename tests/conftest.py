@@ -40,3 +40,12 @@ def fast(tmp_path):
 def fast_session(tmp_path_factory):
     """:func:`fast_overrides` for session-scoped fixtures (one warm-start cache per session)."""
     return fast_overrides(tmp_path_factory.mktemp("fast"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hub_dir(tmp_path_factory):
+    """A tiny random Qwen2 + BPE tokenizer with a chat template, saved like a hub checkpoint
+    (``replay_exp.models.tiny_hub``): what ``model=<dir>`` loads in the pretrained-model tests."""
+    from replay_exp.models.tiny_hub import save_tiny_hub_model
+
+    return save_tiny_hub_model(tmp_path_factory.mktemp("tiny_hub") / "tiny-qwen2")

@@ -25,6 +25,7 @@ from replay_exp.checkpoint import (
 )
 from replay_exp.compute import Ledger
 from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.rollout import HFGenerator
 from replay_exp.types import RolloutBatch
 
 
@@ -83,9 +84,7 @@ def _components(seed: int, private_generator: bool = True):
     torch.manual_seed(seed)
     policy = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    gen = type("Gen", (), {})()  # the attributes GeneratorState reads (as HFGenerator has)
-    gen.share_weights, gen.version = not private_generator, 0
-    gen.model = torch.nn.Linear(4, 3) if private_generator else policy
+    gen = HFGenerator(policy, pad_id=0, eos_id=1, share_weights=not private_generator)
     sizes = dict(capacity=8, max_prompt_len=4, max_completion_len=3, seed=seed)
     buffer = make_buffer({"name": "fifo"}, **sizes)
     queue = make_buffer({"name": "on_policy"}, **sizes)
@@ -185,6 +184,8 @@ def test_generator_state_refuses_a_snapshot_of_the_other_kind():
     shared = _components(0, private_generator=False)["generator"]
     with pytest.raises(CheckpointError, match="private weight copy"):
         shared.load_state_dict(private.state_dict())
+    with pytest.raises(CheckpointError, match="private weight copy"):
+        private.load_state_dict(shared.state_dict())
 
 
 def test_restore_names_missing_components(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from pathlib import Path
 
@@ -18,9 +19,30 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "swee
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 
 
+GSM8K = Path(__file__).parent / "fixtures" / "math" / "gsm8k.jsonl"
+MATH_FIXTURE = {"gsm8k": "gsm8k.jsonl", "math": "math500.jsonl", "openr1_math": "openr1.parquet"}
+VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _offline_extras(group: str, option: str, tiny_hub_dir: Path) -> list[str]:
+    """What an option needs to resolve on a machine without the hub: a local model for the
+    math tasks (and the generic pretrained option), a local dataset file."""
+    if group == "model" and option == "pretrained":
+        return [f"model.pretrained={tiny_hub_dir}"]
+    if group == "task" and option != "arithmetic":
+        path = GSM8K.with_name(MATH_FIXTURE[option])
+        return [f"model={tiny_hub_dir}", f"task.path={path}", "task.n_eval=2"]
+    return []
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_option_composes_and_resolves(group, option):
-    cfg, derived = resolve(compose([f"{group}={option}"]))
+def test_every_option_composes_and_resolves(group, option, tiny_hub_dir):
+    overrides = [f"{group}={option}", *_offline_extras(group, option, tiny_hub_dir)]
+    if group == "generation" and option == "vllm" and not VLLM:
+        with pytest.raises(ConfigError, match=r"generation.backend=vllm needs the vllm package"):
+            resolve(compose(overrides))
+        return
+    cfg, derived = resolve(compose(overrides))
     assert derived.total_steps >= 1
     assert derived.rollouts_per_step % cfg.algo.group_size == 0
     assert derived.capacity >= cfg.schedule.batch_size
@@ -87,7 +109,8 @@ BAD = [
     ),
     (["buffer.name=lifo"], "buffer.name=lifo is unknown; choose one of "
      "['fifo', 'max_age', 'on_policy', 'positive_bias', 'priority']"),
-    (["generation.backend=sglang"], "generation.backend=sglang is unknown; choose one of ['hf']"),
+    (["generation.backend=sglang"],
+     "generation.backend=sglang is unknown; choose one of ['hf', 'vllm']"),
     (["generation.sampler=beam"],
      "generation.sampler=beam is unknown; choose one of ['cached_loop', 'generate']"),
     (
@@ -117,12 +140,47 @@ BAD = [
      "schedule.max_compute=-1.0 must be > 0"),
     (
         ["model.max_position_embeddings=12"],
-        "model.max_position_embeddings=12 < prompt 9 + generation.max_new_tokens=5",
+        "model.max_position_embeddings = 12 < prompt 9 + generation.max_new_tokens=5 tokens",
     ),
     (
         ["model.hidden_size=130"],
         "model.hidden_size=130 is not a multiple of model.num_heads=4",
     ),
+    (["generation.gpu_memory_utilization=1.5"],
+     "generation.gpu_memory_utilization=1.5 must be in (0, 1] (the share of GPU memory the "
+     "vLLM engine may take)"),
+    (["generation.gpu_memory_utilization=0"],
+     "generation.gpu_memory_utilization=0.0 must be in (0, 1] (the share of GPU memory the "
+     "vLLM engine may take)"),
+    (["generation.behaviour_logp=magic"],
+     "generation.behaviour_logp=magic is unknown; choose engine or trainer"),
+    (["generation.behaviour_logp=trainer", "schedule.sync_every=2"],
+     "generation.behaviour_logp=trainer recomputes behaviour log-probs with the trainer's "
+     "weights, which are the generator's only with schedule.sync_every=1 and "
+     "schedule.sync_lag=0 (given 2 and 0)"),
+    (["algo.micro_batch_size=0"], "algo.micro_batch_size=0 must be > 0"),
+    (["model.dtype=int8"], "model.dtype=int8 is unknown; choose float32, bfloat16, float16 or "
+     "auto (bfloat16 on CUDA, float32 on CPU)"),
+    (["model=pretrained"], "model=pretrained needs model.pretrained=<local dir or hub org/name>"),
+    (["model.pretrained=/nonexistent/model"], "model.pretrained=/nonexistent/model is neither a "
+     "local model directory nor a hub id (org/name)"),
+    ([f"model.pretrained={GSM8K.parent}"], f"model.pretrained={GSM8K.parent} has no "
+     "config.json (not a save_pretrained directory)"),
+    (["task=gsm8k", f"task.path={GSM8K}"],
+     "task.name=gsm8k needs a pretrained model with its own tokenizer (model=qwen2_5_0_5b, "
+     "model=<local dir>, or model.pretrained=...); the embedded tiny model's char tokenizer "
+     "cannot read it"),
+    (["model=qwen2_5_0_5b", "task=gsm8k", "task.path=/nonexistent/gsm8k.jsonl"],
+     "task.path=/nonexistent/gsm8k.jsonl does not exist (a .jsonl/.json/.parquet file)"),
+    (["model=qwen2_5_0_5b", "task=math", f"task.path={GSM8K}"],
+     f"task.path={GSM8K}: {GSM8K} is not in the math format: missing field(s) ['problem', "
+     "'solution'] (expected ['problem', 'solution']; found ['question', 'answer'])"),
+    (["model=qwen2_5_0_5b", "task=gsm8k", f"task.path={GSM8K}", "task.n_eval=6"],
+     "task.n_eval=6: n_eval=6 must be in [0, 5] (6 distinct prompts; at least one must stay "
+     "for training)"),
+    (["model=qwen2_5_0_5b", "task=gsm8k", f"task.path={GSM8K}", "task.template=no-placeholder"],
+     "task.template: prompt template 'no-placeholder' is neither one of ['default', 'plain'] "
+     "nor a string containing '{question}'"),
 ]  # fmt: skip
 
 
@@ -178,10 +236,11 @@ SCHEMA_FILES = {
     C.ModelConfig: "model/tiny.yaml",
     C.WarmStartConfig: "model/tiny.yaml",
     C.ArithmeticTaskConfig: "task/arithmetic.yaml",
+    C.MathTaskConfig: "task/gsm8k.yaml",
     C.BufferConfig: "buffer/fifo.yaml",
     C.ScheduleConfig: "schedule/sync.yaml",
     C.AlgoConfig: "algo/grpo.yaml",
-    C.GenerationConfig: "generation/hf.yaml",
+    C.GenerationConfig: "generation/hf.yaml generation/vllm.yaml",
     C.EvalConfig: "eval/default.yaml",
     C.LoggerConfig: "logger/jsonl.yaml",
     C.ComputeConfig: "train.yaml",
@@ -193,9 +252,11 @@ SCHEMA_FILES = {
 @pytest.mark.parametrize("schema", list(SCHEMA_FILES), ids=lambda s: s.__name__)
 def test_every_schema_field_is_documented_in_yaml(schema):
     """A field added to a schema must appear (with its comment) in the group's YAML."""
-    text = (CONF / SCHEMA_FILES[schema]).read_text()
-    keys = {key for _, key, _ in _yaml_key_lines(CONF / SCHEMA_FILES[schema])}
-    keys |= set(re.findall(r"^  - (?:optional )?(\w+):", text, flags=re.M))  # groups
+    keys = set()
+    for name in SCHEMA_FILES[schema].split():  # the union of the listed files
+        text = (CONF / name).read_text()
+        keys |= {key for _, key, _ in _yaml_key_lines(CONF / name)}
+        keys |= set(re.findall(r"^  - (?:optional )?(\w+):", text, flags=re.M))  # groups
     missing = [f.name for f in dataclasses.fields(schema) if f.name not in keys]
     assert missing == [], f"{schema.__name__} fields missing from {SCHEMA_FILES[schema]}"
 

@@ -14,6 +14,7 @@ from hydra import initialize_config_dir
 from replay_exp.config import CONF_DIR, register_configs, resolve
 
 SWEEPS = Path(CONF_DIR).parent / "sweeps"
+OPENR1 = Path(__file__).parent / "fixtures" / "math" / "openr1.parquet"
 FILES = sorted(p for p in SWEEPS.glob("*.yaml") if not p.name.startswith("_"))
 
 
@@ -66,10 +67,16 @@ def test_every_job_of_a_tiny_sweep_resolves(path):
     "path", [p for p in FILES if p.stem.endswith("_paper")], ids=lambda p: p.stem
 )
 def test_first_and_last_job_of_a_paper_sweep_resolve(path):
+    """Paper sweeps train Qwen3-0.6B on OpenR1-Math with vLLM; here (no hub, no vLLM) a local
+    file in the OpenR1 format stands in for the dataset and the hf backend for vLLM."""
+    offline = [f"task.path={OPENR1}", "task.n_eval=1", "generation.backend=hf"]
     jobs = _jobs(path.stem)
     for job in (jobs[0], jobs[-1]):
-        cfg, derived = resolve(_compose([f"+sweep={path.stem}", *job]))
+        cfg = _compose([f"+sweep={path.stem}", *job])
+        assert (cfg.task.name, cfg.generation.backend) == ("openr1_math", "vllm")
+        cfg, derived = resolve(_compose([f"+sweep={path.stem}", *job, *offline]))
         assert cfg.model.pretrained == "Qwen/Qwen3-0.6B" and cfg.algo.group_size == 16
+        assert cfg.model.tie_word_embeddings is False and derived.max_new_tokens == 1024
 
 
 def test_every_figure_has_a_tiny_and_a_paper_size():

@@ -8,7 +8,12 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from replay_exp.models.tiny import build_tiny_model, count_params, load_pretrained
+from replay_exp.models.tiny import (
+    build_tiny_model,
+    count_params,
+    load_pretrained,
+    untie_embeddings,
+)
 from replay_exp.models.tokenizer import build_char_tokenizer, load_tokenizer
 from replay_exp.models.warm_start import cached_warm_start
 from replay_exp.tasks import Task
@@ -20,26 +25,39 @@ __all__ = [
     "load_policy",
     "load_pretrained",
     "load_tokenizer",
+    "untie_embeddings",
 ]
 
 
 def load_policy(
-    mcfg: Any, task_cfg: Any, task: Task, device: str = "cpu"
+    mcfg: Any, task_cfg: Any, task: Task, device: str = "cpu", dtype: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The initial policy and its tokenizer, and where they were loaded from.
 
-    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)``.
+    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)`` in ``dtype`` (default
+      ``model.dtype``; ``auto`` must be resolved by the caller), untied if
+      ``model.tie_word_embeddings`` is false.
     - otherwise a tiny model of ``model.arch`` with a char tokenizer; with
       ``model.warm_start.steps > 0`` it is warm-started (cached) and loaded back from the cache
       with ``from_pretrained``; with 0 steps it is the random init (seed ``warm_start.seed``).
+
+    ``model.gradient_checkpointing`` is switched on here (it acts in training mode only).
     """
+    dtype = dtype or mcfg.dtype
     if mcfg.pretrained:
-        model, tok = load_pretrained(mcfg.pretrained, mcfg.dtype)
-        return model.to(device), tok, str(mcfg.pretrained)
-    tok = build_char_tokenizer()
-    build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)
-    if mcfg.warm_start.steps == 0:
-        return build().to(device), tok, "random-init"
-    path = cached_warm_start(build, mcfg, task_cfg, task, tok, device)
-    model, tok = load_pretrained(path, mcfg.dtype)
-    return model.to(device), tok, str(path)
+        model, tok = load_pretrained(mcfg.pretrained, dtype)
+        if mcfg.tie_word_embeddings is False:
+            untie_embeddings(model)
+        source = str(mcfg.pretrained)
+    else:
+        tok = build_char_tokenizer()
+        build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)
+        if mcfg.warm_start.steps == 0:
+            model, source = build(), "random-init"
+        else:
+            path = cached_warm_start(build, mcfg, task_cfg, task, tok, device)
+            model, tok = load_pretrained(path, dtype)
+            source = str(path)
+    if mcfg.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device), tok, source

@@ -44,14 +44,37 @@ def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -
     return model.to(DTYPES[mcfg.dtype])
 
 
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer that ``from_pretrained`` could not load (one-line message)."""
+
+
 def load_pretrained(
     path: str | Path, dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a model and its tokenizer with ``from_pretrained`` (a local dir or a hub id).
 
-    The warm-started embedded model is loaded through this same path from its cache dir."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
-    return model, load_tokenizer(path)
+    The warm-started embedded model is loaded through this same path from its cache dir.
+    Failures (no such hub id, no network, missing weights) raise :class:`ModelLoadError`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())[:300]
+        raise ModelLoadError(f"model.pretrained={path} could not be loaded: {reason}") from None
+    return model, tokenizer
+
+
+def untie_embeddings(model: PreTrainedModel) -> bool:
+    """Give a tied output head its own weights, a copy of the input embedding (the paper
+    trains Qwen3-0.6B untied). Returns whether anything changed; the config then says untied,
+    so ``save_pretrained`` writes both matrices and reloading keeps them apart."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or head.weight is not embed.weight:
+        model.config.tie_word_embeddings = False
+        return False
+    head.weight = torch.nn.Parameter(embed.weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    return True
 
 
 def count_params(model: torch.nn.Module, non_embedding: bool = False) -> int:

@@ -2,10 +2,52 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from replay_exp.rollout.base import Generation, Generator, SamplingParams, completion_mask
 from replay_exp.rollout.hf import HFGenerator
+from replay_exp.rollout.vllm_engine import VLLMGenerator  # imports vllm only when built
 
-BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator}
+BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator}
+
+
+def make_generator(
+    gcfg: Any,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    share_weights: bool,
+    model_dir: str | None = None,
+    max_model_len: int | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    device: str = "cpu",
+) -> Generator:
+    """The backend ``gcfg.backend`` sampling ``policy``'s weights (``generation`` config node).
+
+    ``hf`` samples from the trainer's module (or a private copy when ``share_weights`` is
+    False). ``vllm`` starts an offline engine from ``model_dir`` (a ``save_pretrained``
+    directory or hub id with the policy's architecture) and pushes ``policy``'s weights into
+    it; ``max_model_len`` bounds prompt + completion tokens."""
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    if gcfg.backend == "hf":
+        return HFGenerator(
+            policy, pad_id, eos_id, share_weights=share_weights, chunk_size=gcfg.chunk_size,
+            sampler=gcfg.sampler,
+        )  # fmt: skip
+    if gcfg.backend == "vllm":
+        return VLLMGenerator(
+            policy, tokenizer, model_dir, pad_id=pad_id, eos_id=eos_id,
+            max_model_len=max_model_len, dtype=dtype, seed=seed,
+            gpu_memory_utilization=gcfg.gpu_memory_utilization,
+            enforce_eager=gcfg.enforce_eager, chunk_size=gcfg.chunk_size,
+            share_weights=share_weights, device=device,
+            kv_cache_memory_bytes=gcfg.get("kv_cache_memory_bytes"),
+        )  # fmt: skip
+    raise ValueError(f"generation.backend={gcfg.backend} is unknown; choose one of {BACKENDS}")
+
 
 __all__ = [
     "BACKENDS",
@@ -14,4 +56,5 @@ __all__ = [
     "HFGenerator",
     "SamplingParams",
     "completion_mask",
+    "make_generator",
 ]

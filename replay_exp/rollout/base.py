@@ -50,6 +50,17 @@ class Generator(ABC):
     def sync_weights(self, weights: torch.nn.Module | dict, version: int) -> None:
         """Load ``weights`` (a module or a state dict); later rollouts carry ``version``."""
 
+    def state_dict(self) -> dict:
+        """What a snapshot needs to resume this generator: its policy version (a backend that
+        keeps its own, possibly stale, weight copy adds those weights)."""
+        return {"version": int(self.version)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; ``ValueError`` if ``state`` does not fit this backend."""
+        if "model" in state:
+            raise ValueError("snapshot holds generator weights; this generator keeps none")
+        self.version = int(state["version"])
+
 
 def completion_mask(ids_BxC: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of tokens up to and including the first EOS, and whether an EOS was emitted."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -9,14 +11,44 @@ from replay_exp.algo import group_advantages
 from replay_exp.rollout.base import Generation, Generator, SamplingParams
 from replay_exp.tasks import Problem, Task
 from replay_exp.types import RolloutBatch
+from replay_exp.update import policy_logprobs
+
+
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[str]:
+    """Each text as the user turn of the tokenizer's chat template, with the generation prompt
+    (the assistant's turn opened)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"model.chat_template=true, but the tokenizer ({type(tokenizer).__name__}, "
+            f"{tokenizer.name_or_path}) has no chat template; set model.chat_template=false"
+        )
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+        )
+        for t in texts
+    ]
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], chat: bool, **kwargs):
+    # A chat template writes its own special tokens (BOS included, if any): add none twice.
+    if chat:
+        return tokenizer(chat_prompts(tokenizer, texts), add_special_tokens=False, **kwargs)
+    return tokenizer(texts, **kwargs)
 
 
 def tokenize_prompts(
-    tokenizer: PreTrainedTokenizerBase, texts: list[str]
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], chat: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids (with BOS) and a bool mask."""
-    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    """Left-padded prompt ids and a bool mask: the tokenizer's special tokens (BOS, if it has
+    one) around each text, or, with ``chat``, each text wrapped in the chat template."""
+    enc = _encode(tokenizer, texts, chat, padding=True, return_tensors="pt")
     return enc["input_ids"], enc["attention_mask"].bool()
+
+
+def prompt_lengths(tokenizer: PreTrainedTokenizerBase, texts: list[str], chat: bool) -> list[int]:
+    """Token count of each prompt exactly as :func:`tokenize_prompts` encodes it."""
+    return [len(ids) for ids in _encode(tokenizer, texts, chat)["input_ids"]]
 
 
 def decode_completions(tokenizer: PreTrainedTokenizerBase, gen: Generation) -> list[str]:
@@ -46,11 +78,12 @@ def generate_rollouts(
     first_uid: int,
     first_group: int,
     normalize_std: bool = True,
+    chat: bool = False,
 ) -> RolloutBatch:
     """G samples for each problem (rows grouped contiguously), rewards, and advantages
-    computed now and frozen with the rollouts."""
+    computed now and frozen with the rollouts (``chat``: prompts in the chat template)."""
     repeated = [p for p in problems for _ in range(group_size)]
-    ids_BxP, mask_BxP = tokenize_prompts(tokenizer, [p.prompt for p in problems])
+    ids_BxP, mask_BxP = tokenize_prompts(tokenizer, [p.prompt for p in problems], chat)
     ids_BxP, mask_BxP = (t.repeat_interleave(group_size, dim=0) for t in (ids_BxP, mask_BxP))
     gen = generator.generate(ids_BxP, mask_BxP, params, seed)
     reward_B = score(tokenizer, task, repeated, gen)
@@ -68,3 +101,27 @@ def generate_rollouts(
         group_id_B=first_group + torch.arange(B) // group_size,
         uid_B=first_uid + torch.arange(B),
     )
+
+
+@torch.no_grad()
+def recompute_behaviour_logp(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int | None = None,
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """``generation.behaviour_logp=trainer``: the behaviour log-probs of ``batch`` recomputed by
+    the trainer's forward (valid when the trainer holds the generator's weights), and how far
+    the generator's own were from them: mean / max |difference| over valid tokens."""
+    was_training = policy.training
+    policy.eval()
+    logp_BxC, _ = policy_logprobs(policy, batch, temperature, micro_batch_size=micro_batch_size)
+    policy.train(was_training)
+    mask_BxC = batch.completion_mask_BxC
+    logp_BxC = logp_BxC.float().cpu().masked_fill(~mask_BxC, 0.0)
+    diff = (logp_BxC - batch.behaviour_logp_BxC)[mask_BxC].abs()
+    stats = {
+        "behaviour_logp_absdiff_mean": float(diff.mean()) if diff.numel() else 0.0,
+        "behaviour_logp_absdiff_max": float(diff.max()) if diff.numel() else 0.0,
+    }
+    return dataclasses.replace(batch, behaviour_logp_BxC=logp_BxC), stats

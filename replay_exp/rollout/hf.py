@@ -45,6 +45,22 @@ class HFGenerator(Generator):
             self.model.load_state_dict(state)
         self.version = version
 
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if not self.share_weights:
+            state["model"] = self.model.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if ("model" in state) == self.share_weights:
+            raise ValueError(
+                "generator snapshot and generator disagree on keeping a private weight copy "
+                f"(snapshot: {'model' in state}, generator: {not self.share_weights})"
+            )
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+        self.version = int(state["version"])
+
     @torch.no_grad()
     def generate(
         self,

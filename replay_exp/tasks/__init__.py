@@ -6,15 +6,13 @@ from typing import Any
 
 from replay_exp.tasks.arithmetic import ArithmeticTask
 from replay_exp.tasks.base import Problem, Task
+from replay_exp.tasks.math_task import MATH_TASKS, MathTask
 
-TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask}
+TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, **dict.fromkeys(MATH_TASKS, MathTask)}
 
 __all__ = ["TASKS", "Problem", "Task", "make_task"]
 
 
 def make_task(task_cfg: Any) -> Task:
-    """Build the task named by ``task_cfg.name`` from the remaining keys of ``task_cfg``."""
-    kwargs = {k: v for k, v in dict(task_cfg).items() if k != "name"}
-    if "operations" in kwargs:
-        kwargs["operations"] = tuple(kwargs["operations"])
-    return TASKS[task_cfg.name](**kwargs)
+    """Build the task named by ``task_cfg.name`` from its config node."""
+    return TASKS[task_cfg.name].from_config(task_cfg)

@@ -93,6 +93,13 @@ class ArithmeticTask(Task):
         self.max_answer_chars = 2 * n_digits if "*" in ops else n_digits + 1
         self._eval = self._draw(np.random.default_rng(split_seed), n_eval, held_out=True)
 
+    @classmethod
+    def from_config(cls, task_cfg) -> ArithmeticTask:
+        kwargs = {k: v for k, v in dict(task_cfg).items() if k != "name"}
+        if "operations" in kwargs:
+            kwargs["operations"] = tuple(kwargs["operations"])
+        return cls(**kwargs)
+
     def _is_held_out(self, a: np.ndarray, op: np.ndarray, b: np.ndarray) -> np.ndarray:
         base = np.uint64(10**self.n_digits)
         key = (op.astype(np.uint64) * base + a.astype(np.uint64)) * base + b.astype(np.uint64)

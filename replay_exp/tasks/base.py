@@ -7,7 +7,9 @@ Adding a task = one module implementing :class:`Task` + one schema dataclass + o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,31 @@ class Task(ABC):
     name: str
     max_prompt_chars: int  # longest prompt, in characters
     max_answer_chars: int  # longest reference answer, in characters
+    needs_pretrained: bool = False  # True: only a pretrained model's tokenizer can read it
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt in tokens (the buffer's prompt width). Default: one token per
+        character plus BOS, exact for the char tokenizer of the embedded default."""
+        return self.max_prompt_chars + 1
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Default response budget (``generation.max_new_tokens=null``): the longest answer
+        plus EOS, in char tokens."""
+        return self.max_answer_chars + 1
+
+    @classmethod
+    def from_config(cls, task_cfg: Any) -> Task:
+        """Build from the task's config node (every key but ``name`` is a constructor arg)."""
+        kwargs = {k: v for k, v in dict(task_cfg).items() if k != "name"}
+        return cls(**kwargs)
+
+    def fit_prompts(self, prompt_lengths: Callable[[list[str]], list[int]], max_len: int) -> int:
+        """Drop problems whose prompt is longer than ``max_len`` tokens (as measured by
+        ``prompt_lengths``, which applies the model's tokenizer and chat template); return how
+        many were dropped. Tasks whose prompts always fit (checked in ``resolve``) keep all."""
+        return 0
 
     @abstractmethod
     def sample_train(self, rng: np.random.Generator, n: int) -> list[Problem]:
