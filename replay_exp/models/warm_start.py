@@ -37,6 +37,8 @@ def cache_key(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> s
     model_part = OmegaConf.to_container(mcfg, resolve=True)
     model_part["warm_start"].pop("cache_dir")
     model_part.pop("name")
+    for key in ("chat_template", "gradient_checkpointing"):  # no effect on the warm start
+        model_part.pop(key, None)
     payload = {
         "model": model_part,
         "task": OmegaConf.to_container(task_cfg, resolve=True),
