@@ -34,7 +34,8 @@ class Generation:
 
 
 class Generator(ABC):
-    version: int = 0
+    version: int = 0  # policy version of the weights it samples from
+    share_weights: bool = True  # False: the backend keeps its own (possibly stale) weights
 
     @abstractmethod
     def generate(
@@ -51,15 +52,30 @@ class Generator(ABC):
         """Load ``weights`` (a module or a state dict); later rollouts carry ``version``."""
 
     def state_dict(self) -> dict:
-        """What a snapshot needs to resume this generator: its policy version (a backend that
-        keeps its own, possibly stale, weight copy adds those weights)."""
-        return {"version": int(self.version)}
+        """What a snapshot needs to resume this generator: its policy version and, for a
+        backend that keeps its own weight copy (``share_weights=False``), those weights."""
+        state: dict = {"version": int(self.version)}
+        if not self.share_weights:
+            state["model"] = self.private_weights()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`; ``ValueError`` if ``state`` does not fit this backend."""
-        if "model" in state:
-            raise ValueError("snapshot holds generator weights; this generator keeps none")
-        self.version = int(state["version"])
+        if ("model" in state) == self.share_weights:
+            raise ValueError(
+                "generator snapshot and generator disagree on keeping a private weight copy "
+                f"(snapshot: {'model' in state}, generator: {not self.share_weights})"
+            )
+        self.restore(state.get("model"), int(state["version"]))
+
+    def private_weights(self) -> dict:
+        """The backend's own weights as a state dict (only called when it keeps a copy)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no weight copy of its own")
+
+    def restore(self, weights: dict | None, version: int) -> None:
+        """Put back a snapshot: ``weights`` (None when the backend shares the trainer's) and
+        the ``version``."""
+        self.version = version
 
 
 def completion_mask(ids_BxC: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

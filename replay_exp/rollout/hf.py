@@ -45,21 +45,13 @@ class HFGenerator(Generator):
             self.model.load_state_dict(state)
         self.version = version
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if not self.share_weights:
-            state["model"] = self.model.state_dict()
-        return state
+    def private_weights(self) -> dict:
+        return self.model.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        if ("model" in state) == self.share_weights:
-            raise ValueError(
-                "generator snapshot and generator disagree on keeping a private weight copy "
-                f"(snapshot: {'model' in state}, generator: {not self.share_weights})"
-            )
-        if "model" in state:
-            self.model.load_state_dict(state["model"])
-        self.version = int(state["version"])
+    def restore(self, weights: dict | None, version: int) -> None:
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        self.version = version
 
     @torch.no_grad()
     def generate(

@@ -310,20 +310,12 @@ class VLLMGenerator(Generator):
         self.version = int(version)
         self.last_sync_seconds = time.perf_counter() - t0
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        if not self.share_weights:
-            state["model"] = self.synced_weights
-        return state
+    def private_weights(self) -> dict:
+        return self.synced_weights
 
-    def load_state_dict(self, state: dict) -> None:
-        if ("model" in state) == self.share_weights:
-            raise ValueError(
-                "generator snapshot and generator disagree on keeping a private weight copy "
-                f"(snapshot: {'model' in state}, generator: {not self.share_weights})"
-            )
+    def restore(self, weights: dict | None, version: int) -> None:
         # share_weights: the engine follows the trainer's module (restored before us).
-        self.sync_weights(state.get("model", self.policy), state["version"])
+        self.sync_weights(self.policy if weights is None else weights, version)
 
     # -- sampling -------------------------------------------------------------------------------
 
