@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import sys
 import time
 import warnings
@@ -142,12 +143,14 @@ def _train(
         policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
     )
     share = s.sync_every == 1 and s.sync_lag == 0  # the generator samples the trainer's weights
+    model_dir = _generator_model_dir(cfg, source, policy, tokenizer, run_dir)
     generator = make_generator(
-        g, policy, tokenizer, share_weights=share,
-        model_dir=_generator_model_dir(cfg, source, policy, tokenizer, run_dir),
+        g, policy, tokenizer, share_weights=share, model_dir=model_dir,
         max_model_len=d.max_prompt_len + d.max_new_tokens, dtype=d.dtype,
         seed=derive_seed(cfg.seed, "engine"), device=d.device,
     )  # fmt: skip
+    if model_dir is not None and Path(model_dir).parent == run_dir:
+        shutil.rmtree(model_dir)  # the engine holds its weights now; the copy is not needed
     # Evaluation samples the trainer's current weights: through the engine when it follows the
     # trainer at every step (synced right before each eval), else from the trainer's module.
     if g.backend != "hf" and share:

