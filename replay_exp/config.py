@@ -570,6 +570,12 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
             "(model=qwen2_5_0_5b, model=<local dir>, or model.pretrained=...); the embedded "
             "tiny model's char tokenizer cannot read it"
         )
+    if cfg.model.chat_template and not _has_chat_template(pretrained):
+        _fail(
+            f"model.chat_template=true, but the tokenizer of "
+            f"{'model.pretrained=' + str(pretrained) if pretrained else 'the tiny model'} has no "
+            "chat template; set model.chat_template=false"
+        )
     task = make_task(cfg.task)
     max_prompt_len = task.max_prompt_tokens
     max_new = g.max_new_tokens if g.max_new_tokens is not None else task.max_new_tokens
@@ -654,6 +660,23 @@ def pretrained_model_config(name: str) -> dict | None:
     if os.path.exists(path) or name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name):
         _fail(f"model.pretrained={name} is neither a local model directory nor a hub id (org/name)")
     return None
+
+
+def _has_chat_template(pretrained: str | None) -> bool:
+    """Whether a local model directory's tokenizer has a chat template (a hub id: assumed, it is
+    not contacted here; the tiny models' char tokenizer: never)."""
+    if not pretrained:
+        return False
+    path = os.path.expanduser(pretrained)
+    if not os.path.isdir(path):
+        return True
+    if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+        return True
+    tok_cfg = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(tok_cfg):
+        with open(tok_cfg) as f:
+            return bool(json.load(f).get("chat_template"))
+    return False
 
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")

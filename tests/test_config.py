@@ -159,6 +159,8 @@ BAD = [
      "weights, which are the generator's only with schedule.sync_every=1 and "
      "schedule.sync_lag=0 (given 2 and 0)"),
     (["algo.micro_batch_size=0"], "algo.micro_batch_size=0 must be > 0"),
+    (["model.chat_template=true"], "model.chat_template=true, but the tokenizer of the tiny "
+     "model has no chat template; set model.chat_template=false"),
     (["model.dtype=int8"], "model.dtype=int8 is unknown; choose float32, bfloat16, float16 or "
      "auto (bfloat16 on CUDA, float32 on CPU)"),
     (["model=pretrained"], "model=pretrained needs model.pretrained=<local dir or hub org/name>"),

@@ -121,3 +121,22 @@ def test_an_untied_head_learns_apart_from_the_embedding(tiny_hub_dir):
     head, embed = policy.lm_head.weight, policy.model.embed_tokens.weight
     assert not torch.equal(head, embed)  # both moved, differently
     assert not torch.equal(embed, embed0)
+
+
+def test_chat_template_is_checked_at_resolve_for_local_dirs(tiny_hub_dir, tmp_path):
+    from replay_exp.config import resolve
+
+    cfg, _ = resolve(compose([f"model={tiny_hub_dir}", "model.chat_template=true"]))
+    assert cfg.model.chat_template
+    plain = tmp_path / "no-template"
+    model, tok = load_pretrained(tiny_hub_dir)
+    tok.chat_template = None
+    model.save_pretrained(plain)
+    tok.save_pretrained(plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ConfigError) as err:
+        resolve(compose([f"model={plain}", "model.chat_template=true"]))
+    assert str(err.value) == (
+        f"model.chat_template=true, but the tokenizer of model.pretrained={plain} has no chat "
+        "template; set model.chat_template=false"
+    )
