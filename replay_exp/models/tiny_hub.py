@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import PreTrainedTokenizerFast
+
+from replay_exp.models.tiny import build_tiny_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -77,27 +73,13 @@ def save_tiny_hub_model(
     tie_word_embeddings: bool = True,
 ) -> Path:
     """Save a random tiny ``arch`` model and its BPE tokenizer into ``out_dir``."""
-    tok = build_bpe_tokenizer()
-    config_cls, model_cls = {
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "llama": (LlamaConfig, LlamaForCausalLM),
-    }[arch]
-    config = config_cls(
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_cls(config)
+    tok = build_bpe_tokenizer()  # no BOS token: the config gets bos_token_id=None
+    sizes = SimpleNamespace(
+        arch=arch, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_layers=num_layers, num_heads=num_heads, dtype="float32",
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings,
+    )  # fmt: skip
+    model = build_tiny_model(sizes, tok, seed)
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
