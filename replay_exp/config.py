@@ -22,6 +22,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from replay_exp.theory import async_gamma
 
+# Values of eval.unit (the x-axis the evaluation grid is laid on, every eval.every of it) and
+# the cumulative ledger quantity (replay_exp.compute.Ledger) behind each.
+EVAL_UNITS = {"steps": "steps", "compute": "paper_units", "rollouts": "rollouts"}
+
 
 class ConfigError(ValueError):
     """An impossible configuration; the message is one line naming keys and values."""
@@ -38,6 +42,7 @@ class WarmStartConfig:
     batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0  # independent of the RL seed: all RL seeds share one warm start
+    shipped: bool = True  # use the package's copy when this recipe is shipped
     cache_dir: str = "~/.cache/replay-exp/warm_start"
 
 
@@ -156,9 +161,11 @@ class GenerationConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 25
+    every: float = 25  # on the grid of eval.unit
+    unit: str = "steps"  # steps | compute (paper units) | rollouts
     at_start: bool = True
     n_problems: int | None = None  # None: the whole held-out split
+    sampled_problems: int | None = None  # pass@k / entropy on the first ones; None: all
     pass1_temperature: float = 0.0  # 0 = greedy
     pass1_top_p: float = 1.0
     pass_k: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -182,6 +189,7 @@ class LoggerConfig:
     name: str = "jsonl"  # jsonl | wandb (metrics.jsonl is always written)
     log_every: int = 1
     progress: bool = True
+    diagnostics: bool = True  # per-update diag/* metrics (one no-grad forward per step)
     wandb: WandbConfig = field(default_factory=WandbConfig)  # read by logger=wandb only
 
 
@@ -381,7 +389,13 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     _positive("schedule.batch_size", B)
     _positive("schedule.sync_every", s.sync_every)
     _positive("eval.every", e.every)
+    if e.unit not in EVAL_UNITS:
+        _fail(f"eval.unit={e.unit} is unknown; choose one of {list(EVAL_UNITS)}")
+    if e.unit in ("steps", "rollouts") and not float(e.every).is_integer():
+        _fail(f"eval.every={e.every} must be a whole number of {e.unit} (eval.unit={e.unit})")
     _positive("eval.n_samples", e.n_samples)
+    if e.sampled_problems is not None:
+        _positive("eval.sampled_problems", e.sampled_problems)
     _positive("logger.log_every", cfg.logger.log_every)
     _positive("generation.chunk_size", g.chunk_size)
     _positive("model.warm_start.batch_size", cfg.model.warm_start.batch_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from math import comb
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -37,19 +38,31 @@ def evaluate(
     seed: int,
     chat: bool = False,
     micro_batch_size: int | None = None,
-) -> dict[str, float]:
-    """Metrics of the current policy on ``problems`` (keys without the ``eval/`` prefix).
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Metrics of the current policy on ``problems`` (keys without the ``eval/`` prefix), and
+    the per-problem results behind them.
 
-    - ``pass@1``: one sample per problem at ``pass1_temperature`` (0 = greedy).
-    - ``pass@k``: unbiased estimator from ``n_samples`` samples at ``sample_temperature``.
-    - ``entropy``: mean per-token entropy of the policy (temperature 1) on those samples.
+    - ``pass@1``: one sample per problem at ``pass1_temperature`` (0 = greedy), on every problem.
+    - ``pass@k_sampled``: unbiased estimator from ``n_samples`` samples at
+      ``sample_temperature``, on the first ``sampled_problems`` problems (None: all).
+    - ``sample_reward`` (mean reward of those samples), ``response_len``, ``entropy`` (mean
+      per-token entropy of the policy, temperature 1, on those samples).
+
+    Per problem (numpy, in ``problems`` order): ``pass1`` (bool [n], the pass@1 sample correct)
+    and ``n_correct`` (int [m], correct samples out of ``n_samples`` for the first m problems),
+    with ``n_samples``: what paired comparisons between runs bootstrap over
+    (``replay_exp.analysis.stats``).
     """
     out: dict[str, float] = {}
     ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in problems], chat)
     p1 = SamplingParams(ecfg.pass1_temperature, ecfg.pass1_top_p, max_new_tokens)
     gen = generator.generate(ids, mask, p1, seed)
-    out["pass@1"] = float(score(tokenizer, task, problems, gen).mean())
+    reward = score(tokenizer, task, problems, gen)
+    out["pass@1"] = float(reward.mean())
+    pass1 = reward.numpy() > 0
 
+    m = ecfg.get("sampled_problems") or len(problems)
+    problems, ids, mask = problems[:m], ids[:m], mask[:m]
     n = ecfg.n_samples
     rep = [p for p in problems for _ in range(n)]
     ids_r, mask_r = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
@@ -80,4 +93,29 @@ def evaluate(
     _, entropy_BxC = policy_logprobs(policy, batch, micro_batch_size=micro_batch_size)
     policy.train(was_training)
     out["entropy"] = float(masked_mean(entropy_BxC, gen.completion_mask_BxC.to(entropy_BxC.device)))
-    return out
+    details = {"pass1": pass1, "n_correct": correct.numpy().astype(np.int64), "n_samples": n}
+    return out, details
+
+
+def encode_details(details: dict) -> dict:
+    """Per-problem results as compact strings for ``eval_details.jsonl``: ``pass1`` as packed
+    bits in hex, ``n_correct`` as one byte per problem in hex (two if a count exceeds 255),
+    and the counts ``n_problems`` and ``n_samples``."""
+    counts = np.asarray(details["n_correct"])
+    dtype = np.uint8 if counts.max(initial=0) < 256 else np.dtype("<u2")
+    return {
+        "n_problems": int(len(details["pass1"])),
+        "n_samples": int(details["n_samples"]),
+        "pass1": np.packbits(np.asarray(details["pass1"], dtype=bool)).tobytes().hex(),
+        "n_correct": counts.astype(dtype).tobytes().hex(),
+        "n_correct_bytes": int(np.dtype(dtype).itemsize),
+    }
+
+
+def decode_details(row: dict) -> dict[str, np.ndarray]:
+    """The inverse of :func:`encode_details` (``n_samples`` stays in the row)."""
+    n = int(row["n_problems"])
+    bits = np.unpackbits(np.frombuffer(bytes.fromhex(row["pass1"]), dtype=np.uint8))[:n]
+    dtype = np.uint8 if int(row.get("n_correct_bytes", 1)) == 1 else np.dtype("<u2")
+    counts = np.frombuffer(bytes.fromhex(row["n_correct"]), dtype=dtype).astype(np.int64)
+    return {"pass1": bits.astype(bool), "n_correct": counts}

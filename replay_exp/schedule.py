@@ -19,6 +19,20 @@ class Every:
         return step % self.n == 0
 
 
+@dataclass(frozen=True)
+class OnGrid:
+    """True when a cumulative quantity crosses a multiple of ``every`` during a step: called
+    with its values before and after the step. With the step count as the quantity this is
+    ``Every(every)`` at the step's end; with compute (paper units) or generated rollouts, every
+    run that uses the same ``every`` is evaluated at the same grid of x values, whatever its
+    cost per step (``eval.unit``)."""
+
+    every: float
+
+    def __call__(self, before: float, after: float) -> bool:
+        return math.floor(after / self.every + 1e-9) > math.floor(before / self.every + 1e-9)
+
+
 def derive_seed(seed: int, *tags: int | str) -> int:
     """A stable 31-bit seed for one random stream (e.g. ``derive_seed(seed, "gen", step)``).
 

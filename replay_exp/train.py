@@ -52,24 +52,29 @@ from replay_exp.checkpoint import (
 )
 from replay_exp.compute import Ledger, flop_params
 from replay_exp.config import (
+    EVAL_UNITS,
     ConfigError,
     Derived,
     expand_model_shorthand,
     register_configs,
     resolve,
 )
-from replay_exp.evaluate import evaluate
-from replay_exp.logging import make_logger
+from replay_exp.evaluate import encode_details, evaluate
+from replay_exp.logging import MetricsWriter, make_logger
 from replay_exp.models import load_policy
 from replay_exp.rollout import HFGenerator, SamplingParams, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, recompute_behaviour_logp
 from replay_exp.rundir import RunStart, config_yaml, prepare_run_dir
-from replay_exp.schedule import Every, WeightHistory, derive_seed, make_arrivals
+from replay_exp.schedule import Every, OnGrid, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
 
 log = logging.getLogger("replay_exp")
 register_configs()
+
+# Append-only logs of a run, one JSON row per line with a "step": metrics (the source of truth)
+# and the per-problem results of every evaluation (replay_exp.evaluate.encode_details).
+LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")
 
 
 def run(
@@ -97,10 +102,13 @@ def run(
     for note in start.notes:
         log.warning(note)
     if start.snapshot is None:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # at most an initial eval: redone
+        for name in LOG_FILES:  # at most an initial eval: redone
+            (run_dir / name).unlink(missing_ok=True)
         atomic_write_text(run_dir / "config.yaml", config_yaml(cfg, derived))
     else:
         dropped = truncate_metrics(run_dir / "metrics.jsonl", start.snapshot.step)
+        if (run_dir / "eval_details.jsonl").is_file():
+            truncate_metrics(run_dir / "eval_details.jsonl", start.snapshot.step)
         log.info(
             "resuming from %s (step %d); dropped %d metrics.jsonl lines past it",
             start.snapshot.path,
@@ -180,11 +188,9 @@ def _train(
     )
     eval_problems = task.eval_problems()[: cfg.eval.n_problems]
     sampling = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
-    sync, eval_due, log_due = (
-        Every(s.sync_every),
-        Every(cfg.eval.every),
-        Every(cfg.logger.log_every),
-    )
+    sync, log_due = Every(s.sync_every), Every(cfg.logger.log_every)
+    eval_due = OnGrid(cfg.eval.every)  # on steps, paper units or rollouts (eval.unit)
+    eval_x = partial(getattr, ledger, EVAL_UNITS[cfg.eval.unit])
     # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
     logger = make_logger(
         cfg, run_dir, {**OmegaConf.to_container(cfg), "derived": dataclasses.asdict(d)}
@@ -203,20 +209,23 @@ def _train(
             "rng": RNGState(),
         },
         keep=cfg.checkpoint.keep,
-        sync_files=[run_dir / "metrics.jsonl"],
+        sync_files=[run_dir / name for name in LOG_FILES],
     )
+    details_log = MetricsWriter(run_dir / "eval_details.jsonl")
     snapshot_due = Every(cfg.checkpoint.every) if cfg.checkpoint.every else (lambda step: False)
 
     def run_eval(step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         if evaluator is generator and generator.version != step:
             generator.sync_weights(policy, step)  # the engine then already holds version step
-        out = evaluate(
+        out, details = evaluate(
             evaluator, policy, tokenizer, task, eval_problems, cfg.eval,
             d.max_new_tokens, derive_seed(cfg.seed, "eval", step), chat=chat,
             micro_batch_size=a.micro_batch_size,
         )  # fmt: skip
         ledger.add_eval(time.perf_counter() - t0)
+        x = {"compute/paper_units": ledger.paper_units, "compute/rollouts": ledger.rollouts}
+        details_log.write({"step": step, **x, **encode_details(details)})
         return {f"eval/{k}": v for k, v in out.items()}
 
     first_eval, start = None, 0
@@ -237,6 +246,7 @@ def _train(
     )
     with logging_redirect_tqdm():
         for step in range(start, d.total_steps):
+            x_before = eval_x()
             if sync(step) and not (share and generator.version == step):
                 generator.sync_weights(*reversed(history.weights_for(step, policy)))
 
@@ -270,9 +280,11 @@ def _train(
             if len(buffer):
                 batch = buffer.sample(s.batch_size, step)
                 stats = policy_update(
-                    policy, optimizer, batch, a, g.temperature, d.max_new_tokens, ref_model
-                )
-            ledger.add_training(_lengths(batch), stats.get("tokens", 0), time.perf_counter() - t0)
+                    policy, optimizer, batch, a, g.temperature, d.max_new_tokens, ref_model,
+                    version=step if cfg.logger.diagnostics else None,
+                )  # fmt: skip
+            seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
+            ledger.add_training(_lengths(batch), stats.get("tokens", 0), seconds)
 
             version = step + 1
             history.push(version, policy)
@@ -281,7 +293,7 @@ def _train(
                 row = {"step": version, "policy/version": version}
                 row.update(_step_metrics(fresh, batch, stats, buffer, generator))
                 row.update(_prefixed("generation", logp_stats))
-            if eval_due(version) or version == d.total_steps:
+            if eval_due(x_before, eval_x()) or version == d.total_steps:
                 last_eval = run_eval(version)
                 write_telemetry(run_dir, version, buffer, logger)
                 row.update({"step": version, **last_eval})
@@ -307,6 +319,7 @@ def _train(
         "compute": ledger.metrics(),
     }
     logger.close(summary)
+    details_log.close()
     if hasattr(generator, "close"):
         generator.close()
     if cfg.save_final_model:
@@ -353,7 +366,8 @@ def _step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
             nan if fresh is None else float(fresh.completion_mask_BxC.sum(1).float().mean())
         ),
         "train/batch_reward": nan if batch is None else float(batch.reward_B.mean()),
-        **_prefixed("loss", stats),
+        **_prefixed("loss", {k: v for k, v in stats.items() if not k.startswith("diag/")}),
+        **{k: v for k, v in stats.items() if k.startswith("diag/") and k != "diag/seconds"},
         **_prefixed("buffer", buffer.stats()),
         "policy/generator_version": generator.version,
     }

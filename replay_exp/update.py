@@ -23,6 +23,7 @@ the whole batch's log-probs, so they are the full-batch values too.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from replay_exp.algo import (
     masked_mean,
     token_logprobs,
 )
+from replay_exp.algo.diagnostics import update_diagnostics
 from replay_exp.models.shared_prefix import completion_logits, positions, supports_prefix_sharing
 from replay_exp.types import RolloutBatch
 
@@ -108,11 +110,17 @@ def policy_update(
     temperature: float,
     norm_len: int,
     ref_model: torch.nn.Module | None = None,
+    version: int | None = None,
 ) -> dict[str, float]:
     """Take one optimizer step on ``batch`` with the loss ``algo.name``; return its statistics.
 
     Forward and backward run ``algo.micro_batch_size`` rollouts at a time (absent or None: all
     of them), with the gradient of the full batch (module docstring).
+
+    ``version``: the policy version being updated (the step). When given, one more no-grad
+    forward after the optimizer step measures the update (``replay_exp.algo.diagnostics``):
+    its statistics are added as ``diag/<name>``, with ``diag/seconds`` (the time they took, so
+    the caller can leave it out of the training time). They read the model, never change it.
 
     Every loss reports ``loss``, ``pg_loss``, ``grad_norm``, ``entropy``, ``batch_size``,
     ``tokens`` and the staleness stats ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` /
@@ -140,7 +148,8 @@ def policy_update(
     ref_logp_BxC = torch.zeros(B, C, device=device) if algo.kl_coef > 0 else None
 
     optimizer.zero_grad(set_to_none=True)
-    chunks = row_chunks(B, getattr(algo, "micro_batch_size", None))
+    micro_size = getattr(algo, "micro_batch_size", None)
+    chunks = row_chunks(B, micro_size)
     for rows in chunks:
         micro = batch if len(chunks) == 1 else micro_batch(batch, rows)
         logp_mxc, entropy_mxc = policy_logprobs(policy, micro, temperature)
@@ -165,6 +174,16 @@ def policy_update(
     stats["entropy"] = float(masked_mean(entropy_BxC, mask_BxC))
     stats["batch_size"] = len(batch)
     stats["tokens"] = int(mask_BxC.sum())
+    if version is not None:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            after_BxC, _ = policy_logprobs(policy, batch, temperature, micro_size)
+        diag = update_diagnostics(
+            logp_BxC, after_BxC, batch.behaviour_logp_BxC.to(device), mask_BxC,
+            batch.advantage_B, version - batch.version_B, algo.eps_low, algo.eps_high,
+        )  # fmt: skip
+        stats.update({f"diag/{k}": v for k, v in diag.items()})
+        stats["diag/seconds"] = time.perf_counter() - t0
     return stats
 
 

@@ -83,3 +83,13 @@ def test_every_figure_has_a_tiny_and_a_paper_size():
     stems = {p.stem for p in FILES}
     studies = {s.rsplit("_", 1)[0] for s in stems}
     assert {f"{s}_tiny" for s in studies} | {f"{s}_paper" for s in studies} == stems
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_sweep_evaluates_on_the_compute_grid(path):
+    """Every figure compares arms at equal compute: each arm is evaluated at the same x values
+    and equally often (a compute budget that is a whole number of evaluation intervals)."""
+    cfg = _compose([f"+sweep={path.stem}"])
+    assert cfg.eval.unit == "compute"
+    assert cfg.schedule.max_steps is None and cfg.schedule.max_compute is not None
+    assert (cfg.schedule.max_compute / cfg.eval.every).is_integer()

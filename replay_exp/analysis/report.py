@@ -32,8 +32,11 @@ from replay_exp.analysis.plots import (
     plot_passk_gain,
     plot_telemetry,
 )
+from replay_exp.analysis.stats import compare_to_baseline
 
 SPLIT = "(W,T)"
+# Fewer seeds than this per configuration: the summary opens with a warning.
+MIN_SEEDS = 4
 
 
 class ReportError(ValueError):
@@ -105,6 +108,7 @@ def make_report(
     frac: float = 0.98,
     out: Path | None = None,
     logx: bool = False,
+    n_boot: int = 2000,
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files)."""
     runs = load_runs(paths, metric=metric, x=x)
@@ -139,6 +143,11 @@ def make_report(
         table, target = target_table(steps, x, metric, target=frac * base_peak, baseline=base)
     table.to_csv(out / "targets.csv", index=False)
     written.append(out / "targets.csv")
+    stats = None
+    if base is not None and runs.runs["label"].nunique() > 1:
+        stats = compare_to_baseline(runs, base, x, metric, frac, n_boot=n_boot)
+        stats.to_csv(out / "stats.csv", index=False)
+        written.append(out / "stats.csv")
 
     axes = heatmap_axes(runs)
     if axes is not None:
@@ -172,17 +181,30 @@ def make_report(
 
     summary = out / "summary.md"
     summary.write_text(
-        _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target)
+        _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
     )
     return summary, [summary, *written]
 
 
-def _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target) -> str:
+def _markdown(
+    runs, table, target, base, paths, x, metric, frac, written, best_target, stats=None
+) -> str:
     n = runs.runs["status"].value_counts().to_dict()
     seeds = runs.runs.groupby("config").size()
-    lines = [
-        f"# Report: {', '.join(Path(p).name for p in paths)}",
-        "",
+    lines = [f"# Report: {', '.join(Path(p).name for p in paths)}", ""]
+    if seeds.min() < MIN_SEEDS:
+        few = ", ".join(
+            f"{runs.runs.loc[runs.runs['config'] == c, 'label'].iloc[0]} ({k})"
+            for c, k in seeds.items()
+            if k < MIN_SEEDS
+        )
+        lines += [
+            f"**Warning: fewer than {MIN_SEEDS} seeds per configuration** ({few}): medians, "
+            "IQRs and bootstrap intervals over so few seeds are not reliable; run more seeds "
+            "before drawing a conclusion.",
+            "",
+        ]
+    lines += [
         f"{len(runs)} runs ({', '.join(f'{v} {k}' for k, v in n.items())}), "
         f"{len(seeds)} configurations, {seeds.min()}-{seeds.max()} seeds each. "
         f"Metric: `{metric}`; x-axis: {x_label(x)}. Per-seed values: median [IQR] over seeds.",
@@ -237,9 +259,54 @@ def _markdown(runs, table, target, base, paths, x, metric, frac, written, best_t
         lines.append(row)
     if best_target is not None:
         lines += ["", f"Heatmap target: {frac:.0%} of the best median over all: {best_target:.3f}."]
+    if stats is not None and len(stats):
+        lines += ["", *_stats_markdown(stats, x, frac)]
     lines += ["", "## Files", ""]
     lines += [f"- [{p.name}]({p.name})" for p in written]
     return "\n".join(lines) + "\n"
+
+
+def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
+    """The "against the baseline" section: intervals and verdicts (replay_exp.analysis.stats)."""
+    first = stats.iloc[0]
+    resampled = bool(stats["problems_resampled"].all())
+    how = (
+        f"problems ({int(first['problems'])} held-out, the same for every run) and seeds"
+        if resampled
+        else "seeds only: some runs have no eval_details.jsonl, so problems are not resampled "
+        "and the intervals are too narrow"
+    )
+    lines = [
+        f"## Against the baseline ({first['baseline']}): 95 % bootstrap intervals",
+        "",
+        f"Differences of the seed-mean curves at matched {x} (up to {first['x_matched']:.4g}, "
+        f"the last {x} every run reached), bootstrapped over {how}; seeds are paired where "
+        f"both arms ran the same ones. final = at that {x}; peak = best evaluation of each "
+        f"curve; saving = 1 - {x}_config / {x}_baseline to reach {frac:.0%} of the baseline's "
+        "peak. Verdict: better / worse when the interval excludes 0, else not separable.",
+        "",
+    ]
+    header = (
+        "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
+        f"| verdict | {x} saving [95 % CI] | verdict | per-seed final diffs |"
+    )
+    lines += [header, _rule(header)]
+    for _, r in stats.iterrows():
+        pair = "yes" if r["paired_seeds"] else "no"
+        per_seed = r.get("final_per_seed")
+        per_seed = per_seed if isinstance(per_seed, str) else "unpaired"
+        lines.append(
+            f"| {r['label']} | {r['seeds']} ({pair}) | {_signed(r['final'])} "
+            f"[{_signed(r['final_lo'])}, {_signed(r['final_hi'])}] | {r['final_verdict']} | "
+            f"{_signed(r['peak'])} [{_signed(r['peak_lo'])}, {_signed(r['peak_hi'])}] | "
+            f"{r['peak_verdict']} | {_pct(r['saving'])} [{_pct(r['saving_lo'])}, "
+            f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {per_seed} |"
+        )
+    return lines
+
+
+def _signed(v: float) -> str:
+    return "n/a" if v is None or math.isnan(v) else f"{v:+.3f}"
 
 
 def _rule(header: str) -> str:
@@ -256,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frac", type=float, default=0.98, help="target = frac x best accuracy")
     p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
     p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (stats.csv)")
     args = p.parse_args(argv)
     try:
         if not 0 < args.frac <= 1:
@@ -263,7 +331,13 @@ def main(argv: list[str] | None = None) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             summary, files = make_report(
-                args.sweep_dirs, args.x, args.metric, args.frac, args.out, args.logx
+                args.sweep_dirs,
+                args.x,
+                args.metric,
+                args.frac,
+                args.out,
+                args.logx,
+                args.n_boot,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

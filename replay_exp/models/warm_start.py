@@ -1,11 +1,20 @@
-"""Supervised warm start of the embedded model, cached on disk.
+"""Supervised warm start of the embedded model: shipped with the package, or trained and cached.
 
 RL needs a policy that already solves some problems: the tiny model is first trained with
-teacher forcing on the task's training split (loss on the answer and EOS tokens only). The
-result is saved with ``save_pretrained`` under ``cache_dir/<key>``, where ``key`` hashes
-everything that affects it (model sizes, tokenizer vocab, task config, warm-start settings,
-library versions, and :data:`WARM_START_VERSION`), so a second run loads it at once through
-``from_pretrained``, the same path hub models use.
+teacher forcing on the task's training split (loss on the answer and EOS tokens only).
+
+- **Shipped**: the package carries the warm-started weights of the embedded default
+  (``replay_exp/models/shipped/<recipe key>/``, a ``save_pretrained`` directory), so the
+  default run starts from the same bytes on every machine (CPU float rounding makes a retrained
+  copy differ between machines). A config whose recipe (:func:`recipe_key`: model sizes,
+  tokenizer vocab, the task's training-data keys, warm-start settings) matches a shipped
+  directory loads it, unless ``model.warm_start.shipped=false``. Rebuild it with
+  ``python -m replay_exp.models.warm_start [overrides]`` (prints the new SHA-256, pinned by
+  ``tests/models/test_shipped_warm_start.py``).
+- **Trained and cached**: any other recipe is trained here and saved under
+  ``cache_dir/<key>``, where ``key`` (:func:`cache_key`) also hashes the library versions and
+  :data:`WARM_START_VERSION`, so a second run loads it at once through ``from_pretrained``,
+  the same path hub models use.
 """
 
 from __future__ import annotations
@@ -33,20 +42,65 @@ log = logging.getLogger(__name__)
 WARM_START_VERSION = 1  # bump when the supervised loop changes what it produces
 
 
-def cache_key(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> str:
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+# Keys that do not change what the warm start produces: where it is cached, whether a shipped
+# copy is used, labels, and options that act only after it (chat template, checkpointing).
+_NOT_RECIPE_MODEL = ("name", "chat_template", "gradient_checkpointing")
+_NOT_RECIPE_WARM = ("cache_dir", "shipped")
+# Task keys that leave the training split and demonstrations unchanged (the held-out list's
+# length: the split itself is set by the eval fraction and split seed).
+_NOT_RECIPE_TASK = ("n_eval",)
+
+
+def recipe(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> dict:
+    """Everything that determines the warm-started weights (on a given machine)."""
     model_part = OmegaConf.to_container(mcfg, resolve=True)
-    model_part["warm_start"].pop("cache_dir")
-    model_part.pop("name")
-    for key in ("chat_template", "gradient_checkpointing"):  # no effect on the warm start
+    for key in _NOT_RECIPE_MODEL:
         model_part.pop(key, None)
-    payload = {
+    for key in _NOT_RECIPE_WARM:
+        model_part["warm_start"].pop(key, None)
+    task_part = OmegaConf.to_container(task_cfg, resolve=True)
+    for key in _NOT_RECIPE_TASK:
+        task_part.pop(key, None)
+    return {
         "model": model_part,
-        "task": OmegaConf.to_container(task_cfg, resolve=True),
+        "task": task_part,
         "vocab": sorted(tokenizer.get_vocab().items()),
-        "versions": [torch.__version__, transformers.__version__, WARM_START_VERSION],
+        "warm_start_version": WARM_START_VERSION,
     }
-    blob = json.dumps(payload, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _hash(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def recipe_key(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> str:
+    """The shipped directory's name: a hash of :func:`recipe` (no library versions)."""
+    return _hash(recipe(mcfg, task_cfg, tokenizer))
+
+
+def cache_key(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> str:
+    """The local cache's key: the recipe plus the library versions that trained it."""
+    payload = recipe(mcfg, task_cfg, tokenizer)
+    payload["versions"] = [torch.__version__, transformers.__version__]
+    return _hash(payload)
+
+
+def shipped_warm_start(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> Path | None:
+    """The shipped directory of this recipe, or None (none shipped, or
+    ``model.warm_start.shipped=false``)."""
+    if not mcfg.warm_start.get("shipped", True):
+        return None
+    path = SHIPPED_DIR / recipe_key(mcfg, task_cfg, tokenizer)
+    return path if (path / "warm_start.json").is_file() else None
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def encode_supervised(
@@ -109,10 +163,15 @@ def cached_warm_start(
     tokenizer: PreTrainedTokenizerBase,
     device: str = "cpu",
 ) -> Path:
-    """Return the directory of the warm-started model, training and saving it if needed.
+    """Return the directory of the warm-started model: the shipped one if this recipe is
+    shipped (module docstring), else the cached one, training and saving it if needed.
 
     ``build_model()`` returns a fresh randomly initialised model. Writes are atomic (a temporary
     directory renamed into place), so concurrent runs never read a half-written checkpoint."""
+    shipped = shipped_warm_start(mcfg, task_cfg, tokenizer)
+    if shipped is not None:
+        log.info("warm start: shipped with the package (%s)", shipped.name)
+        return shipped
     ws = mcfg.warm_start
     root = Path(os.path.expanduser(ws.cache_dir))
     key = cache_key(mcfg, task_cfg, tokenizer)
@@ -121,6 +180,23 @@ def cached_warm_start(
         log.info("warm start: cached %s", target)
         return target
     log.info("warm start: %d supervised steps (cached afterwards in %s)", ws.steps, target)
+    return train_and_save(build_model, mcfg, task, tokenizer, target, key, device)
+
+
+def train_and_save(
+    build_model,
+    mcfg: Any,
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    target: Path,
+    key: str,
+    device: str = "cpu",
+    extra: dict | None = None,
+) -> Path:
+    """Run the supervised warm start and save it atomically as ``target`` (a
+    ``save_pretrained`` directory plus ``warm_start.json``, which also records ``extra``)."""
+    ws = mcfg.warm_start
+    root = target.parent
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ws.seed)
@@ -137,6 +213,7 @@ def cached_warm_start(
         "steps": ws.steps,
         "final_loss": float(np.mean(losses[-20:])) if losses else None,
         "seconds": time.perf_counter() - t0,
+        **(extra or {}),
     }
     (tmp / "warm_start.json").write_text(json.dumps(info, indent=2))
     try:
@@ -145,3 +222,62 @@ def cached_warm_start(
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("warm start: done in %.1fs, loss %.4f", info["seconds"], info["final_loss"] or 0)
     return target
+
+
+def ship(overrides: list[str], force: bool = False) -> Path:
+    """Train the warm start of the config composed from ``overrides`` and save it as the
+    package's shipped copy of that recipe (module docstring); returns its directory."""
+    from replay_exp.config import compose
+    from replay_exp.models.tiny import build_tiny_model
+    from replay_exp.models.tokenizer import build_char_tokenizer
+    from replay_exp.tasks import make_task
+
+    cfg = compose(overrides)
+    if cfg.model.pretrained or cfg.model.warm_start.steps == 0:
+        raise SystemExit("only a warm-started tiny model (model.pretrained=null, steps > 0) ships")
+    tok = build_char_tokenizer()
+    key = recipe_key(cfg.model, cfg.task, tok)
+    target = SHIPPED_DIR / key
+    if target.exists():
+        if not force:
+            raise SystemExit(f"{target} exists; pass --force to rebuild it")
+        shutil.rmtree(target)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    with torch.random.fork_rng(devices=[]):
+        torch.set_num_threads(1)  # the same reduction order whatever the core count
+        train_and_save(
+            lambda: build_tiny_model(cfg.model, tok, cfg.model.warm_start.seed),
+            cfg.model, make_task(cfg.task), tok, target, key,
+            extra={
+                "recipe": recipe(cfg.model, cfg.task, tok),
+                "trained_with": versions,
+            },
+        )  # fmt: skip
+    info = json.loads((target / "warm_start.json").read_text())
+    info["sha256"] = file_sha256(target / "model.safetensors")
+    (target / "warm_start.json").write_text(json.dumps(info, indent=2) + "\n")
+    target.chmod(0o755)  # package data: readable by everyone (mkdtemp makes 0700 / 0600)
+    for f in target.iterdir():
+        f.chmod(0o644)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m replay_exp.models.warm_start",
+        description="Train the embedded warm start and ship it with the package.",
+    )
+    p.add_argument("overrides", nargs="*", help="train-config overrides (key=value)")
+    p.add_argument("--force", action="store_true", help="replace an existing shipped copy")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    target = ship(args.overrides, args.force)
+    info = json.loads((target / "warm_start.json").read_text())
+    print(f"shipped {target.name}: model.safetensors sha256 {info['sha256']}")
+    print("update SHIPPED_SHA256 in tests/models/test_shipped_warm_start.py and the README")
+
+
+if __name__ == "__main__":
+    main()

@@ -98,6 +98,12 @@ def _check_compute_vs_accuracy(out: Path, text: str) -> None:
     assert targets["label"].tolist() == ["on-policy", "FIFO, y=2"]  # baseline first
     assert "saving_vs_baseline" in targets
     assert "baseline: on-policy" in text
+    stats = _csv(out / "stats.csv", ["label", "final", "final_lo", "final_hi", "final_verdict"])
+    assert stats["label"].tolist() == ["FIFO, y=2"]
+    assert set(stats["final_verdict"]) <= {"better", "worse", "not separable"}
+    assert (stats["final_lo"] <= stats["final"]).all() and (
+        stats["final"] <= stats["final_hi"]
+    ).all()
 
 
 def _check_buffer_heatmap(out: Path, text: str) -> None:

@@ -1,0 +1,110 @@
+"""Per-update diagnostics: how stale a batch is, and how far one update moves the policy.
+
+Pure functions of detached per-token log-probs; nothing here touches a model or a config. The
+loop logs them every step under ``diag/`` (``replay_exp.update.policy_update`` computes
+``logp_after`` with one no-grad forward after the optimizer step).
+
+Notation, per valid completion token t of row i:
+
+- ``r_t = pi_before(y_t) / pi_behaviour(y_t)``: the importance ratio the loss sees (the current
+  policy, before the update, against the policy that generated the rollout);
+- ``lag_i = version_now - version_i``: how many updates old the generating weights are.
+
+Statistics (all token means over valid tokens unless said otherwise):
+
+- ``update_kl``: KL(pi_before || pi_after), one step's movement, on the batch's own contexts:
+  ``sum_t w_t k3(u_t) / sum_t w_t`` with ``u_t = log pi_after(y_t) - log pi_before(y_t)``,
+  ``k3(u) = e^u - 1 - u`` and ``w_t = r_t``, which re-weights tokens drawn from the behaviour
+  policy to draws from pi_before (self-normalised). For an on-policy batch every ``w_t = 1``
+  and this is the plain k3 estimator; it is non-zero whenever the update changes the policy.
+- Per lag bucket (``LAG_BUCKETS``: 0, 1-3, 4-15, >= 16 versions): ``token_frac`` (share of the
+  batch's tokens in the bucket), ``clip_frac`` (tokens whose gradient the PPO clip zeroes: r <
+  1 - eps_low with A < 0 or r > 1 + eps_high with A > 0, as ``grpo_loss``'s ``clip_frac``),
+  ``outside_clip`` (tokens with r outside [1 - eps_low, 1 + eps_high], whatever the sign of A),
+  ``ratio_dev`` (mean |r - 1|) and ``kl`` (KL(behaviour || current), k3 of ``log r``: mean of
+  ``r - 1 - log r``). An empty bucket gives NaN (logged as null).
+- The same four for the whole batch: ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``.
+- ``ess_frac``: effective sample size of the sequence-level importance weights
+  ``W_i = prod_t r_t`` (``(sum W)^2 / sum W^2``) divided by the number of rows with a token;
+  1 when every weight is equal (on-policy), near 1/n when one rollout dominates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# (name, lowest lag, highest lag) of each bucket, in policy versions.
+LAG_BUCKETS = (("lag0", 0, 0), ("lag1-3", 1, 3), ("lag4-15", 4, 15), ("lag16+", 16, math.inf))
+
+
+def _k3(log_ratio: Tensor) -> Tensor:
+    """``e^x - 1 - x`` (>= 0), the k3 KL term of a log-ratio."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def _staleness(
+    log_r: Tensor, adv_Bx1: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> dict[str, float]:
+    """clip_frac, outside_clip, ratio_dev, kl over the tokens in ``mask`` (NaN if none)."""
+    n = int(mask.sum())
+    if n == 0:
+        return dict.fromkeys(("clip_frac", "outside_clip", "ratio_dev", "kl"), math.nan)
+    r = torch.exp(log_r)
+    low, high = r < 1.0 - eps_low, r > 1.0 + eps_high
+    zeroed = (low & (adv_Bx1 < 0)) | (high & (adv_Bx1 > 0))
+    return {
+        "clip_frac": float((zeroed & mask).sum()) / n,
+        "outside_clip": float(((low | high) & mask).sum()) / n,
+        "ratio_dev": float(((r - 1.0).abs() * mask).sum()) / n,
+        "kl": float((_k3(log_r) * mask).sum()) / n,
+    }
+
+
+@torch.no_grad()
+def update_diagnostics(
+    logp_before_BxC: Tensor,
+    logp_after_BxC: Tensor,
+    behaviour_logp_BxC: Tensor,
+    mask_BxC: Tensor,
+    advantage_B: Tensor,
+    lag_B: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> dict[str, float]:
+    """The module docstring's statistics of one update, as python floats.
+
+    Keys: ``update_kl``, ``ess_frac``, ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``
+    and ``<bucket>/<stat>`` for each of ``LAG_BUCKETS`` and the stats ``token_frac``,
+    ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``. Padding may hold anything."""
+    mask = mask_BxC.bool()
+    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    before = torch.where(mask, logp_before_BxC.float(), zero)
+    after = torch.where(mask, logp_after_BxC.float(), zero)
+    behaviour = torch.where(mask, behaviour_logp_BxC.float(), zero)
+    adv_Bx1 = advantage_B.float().unsqueeze(1).to(mask.device)
+    log_r = before - behaviour  # 0 on padding
+    n_tokens = int(mask.sum())
+
+    out: dict[str, float] = {}
+    # One step's movement, importance-weighted from behaviour draws to pi_before draws.
+    w = torch.exp(log_r) * mask
+    out["update_kl"] = float((w * _k3(after - before)).sum() / w.sum()) if n_tokens else math.nan
+    # ESS of the sequence weights prod_t r_t, in log space (sums of many log-ratios overflow).
+    rows = mask.any(dim=1)
+    log_w = log_r.sum(dim=1)[rows]
+    if len(log_w):
+        ess = torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0))
+        out["ess_frac"] = float(ess) / len(log_w)
+    else:
+        out["ess_frac"] = math.nan
+    out.update(_staleness(log_r, adv_Bx1, mask, eps_low, eps_high))
+    lag_Bx1 = lag_B.to(mask.device).unsqueeze(1)
+    for name, lo, hi in LAG_BUCKETS:
+        in_bucket = mask & (lag_Bx1 >= lo) & (lag_Bx1 <= hi)
+        out[f"{name}/token_frac"] = float(in_bucket.sum()) / n_tokens if n_tokens else math.nan
+        for key, v in _staleness(log_r, adv_Bx1, in_bucket, eps_low, eps_high).items():
+            out[f"{name}/{key}"] = v
+    return out

@@ -1,0 +1,186 @@
+"""Paired bootstrap against the baseline (replay_exp.analysis.stats) on hand-made data whose
+answer is known: the point estimates exactly, the intervals against their analytic width, the
+verdicts; then the same through ``replay-exp-report`` on hand-made run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from replay_exp.analysis.stats import Arm, compare, percentile_interval, verdict
+from replay_exp.evaluate import decode_details, encode_details
+
+J = 400  # held-out problems
+GRID = np.array([0.0, 5.0, 10.0])
+
+
+def _arm(label, rates, seeds=(0, 1, 2, 3, 4), shift=None):
+    """``values[s, k, j]``: problem j solved at grid point k iff j < rates[k] * J (every seed
+    the same unless ``shift[s]`` moves seed s's threshold by that many problems)."""
+    vals = np.zeros((len(seeds), len(GRID), J))
+    for s in range(len(seeds)):
+        for k, rate in enumerate(rates):
+            vals[s, k, : int(rate * J) + (0 if shift is None else shift[s])] = 1.0
+    return Arm(label, list(seeds), vals, per_problem=True)
+
+
+def test_identical_arms_are_not_separable_with_a_zero_width_interval():
+    """Paired on seeds and problems, every replicate's difference is exactly 0."""
+    base = _arm("base", [0.2, 0.4, 0.5])
+    out = compare(GRID, _arm("same", [0.2, 0.4, 0.5]), base, n_boot=500)
+    for name in ("final", "peak"):
+        assert out[name] == 0 and out[f"{name}_lo"] == 0 and out[f"{name}_hi"] == 0
+        assert out[f"{name}_verdict"] == "not separable"
+    assert out["saving"] == 0 and out["paired_seeds"] and out["problems_resampled"]
+    assert out["final_per_seed"] == "+0.000 +0.000 +0.000 +0.000 +0.000"
+
+
+def test_a_clear_gain_is_better_with_the_binomial_width():
+    """The arm solves every problem the baseline solves plus 20 % more: the per-problem paired
+    difference is 1 on 0.2 J problems, 0 elsewhere, so the difference is 0.2 with standard
+    error sqrt(0.2 * 0.8 / J) = 0.02 (seeds are identical): a 95 % interval of about
+    0.2 +- 0.039."""
+    base = _arm("base", [0.2, 0.4, 0.5])
+    out = compare(GRID, _arm("better", [0.3, 0.6, 0.7]), base, n_boot=4000)
+    assert out["final"] == pytest.approx(0.2)
+    assert out["peak"] == pytest.approx(0.2)
+    assert 0.155 < out["final_lo"] < 0.170 and 0.230 < out["final_hi"] < 0.245
+    assert out["final_verdict"] == "better" and out["peak_verdict"] == "better"
+    # Saving: target 0.98 * 0.5 = 0.49. Baseline: 0.4 at 5, 0.5 at 10 -> 5 + 0.9 * 5 = 9.5.
+    # Arm: 0.3 at 0, 0.6 at 5 -> 0.19 / 0.3 * 5 = 3.1667. Saving 1 - 3.1667 / 9.5 = 0.6667.
+    assert out["x_to_target"] == pytest.approx(19 / 6)
+    assert out["baseline_x_to_target"] == pytest.approx(9.5)
+    assert out["saving"] == pytest.approx(1 - (19 / 6) / 9.5)
+    assert out["saving_verdict"] == "better"
+
+
+def test_a_clear_loss_is_worse_and_never_reaching_the_target_saves_minus_inf():
+    base = _arm("base", [0.2, 0.4, 0.5])
+    out = compare(GRID, _arm("worse", [0.1, 0.2, 0.3]), base, n_boot=500)
+    assert out["final"] == pytest.approx(-0.2) and out["final_verdict"] == "worse"
+    assert out["saving"] == -math.inf and out["saving_hi"] == -math.inf
+    assert out["saving_verdict"] == "worse"
+
+
+def test_seed_noise_makes_a_small_gain_not_separable():
+    """A +2.5-point gain on average, but seeds scattered by +-40 problems (10 points): with 5
+    paired seeds the interval straddles 0."""
+    shift = [40, -40, 20, -20, 10]
+    base = _arm("base", [0.2, 0.4, 0.5], shift=[0] * 5)
+    arm = _arm("noisy", [0.2, 0.4, 0.5], shift=[s + 10 for s in shift])
+    out = compare(GRID, arm, base, n_boot=2000)
+    assert out["final"] == pytest.approx(np.mean([s + 10 for s in shift]) / J)
+    assert out["final_lo"] < 0 < out["final_hi"]
+    assert out["final_verdict"] == "not separable"
+    assert out["final_per_seed"].split() == [f"{(s + 10) / J:+.3f}" for s in shift]
+
+
+def test_unpaired_seeds_resample_independently():
+    base = _arm("base", [0.2, 0.4, 0.5], seeds=(0, 1, 2, 3, 4))
+    arm = _arm("other seeds", [0.2, 0.4, 0.5], seeds=(5, 6, 7, 8, 9))
+    out = compare(GRID, arm, base, n_boot=200)
+    assert not out["paired_seeds"] and "final_per_seed" not in out
+
+
+def test_the_bootstrap_is_seeded():
+    base = _arm("base", [0.2, 0.4, 0.5], shift=[0, 5, -5, 10, -10])
+    arm = _arm("arm", [0.25, 0.45, 0.55], shift=[3, -3, 8, 0, -8])
+    a, b = compare(GRID, arm, base, seed=1), compare(GRID, arm, base, seed=1)
+    assert a == b
+    assert compare(GRID, arm, base, seed=2)["final_lo"] != a["final_lo"]
+
+
+def test_interval_and_verdict_rules():
+    v = np.arange(1000, dtype=float)  # order statistics: the 25th and the 975th values
+    assert percentile_interval(v) == (25.0, 974.0)
+    assert percentile_interval(np.array([-np.inf] * 990 + [1.0] * 10)) == (-np.inf, -np.inf)
+    assert percentile_interval(np.array([np.nan] * 5)) == (pytest.approx(np.nan, nan_ok=True),) * 2
+    assert verdict(0.01, 0.2) == "better" and verdict(-0.2, -0.01) == "worse"
+    assert verdict(-0.01, 0.2) == "not separable" and verdict(0.0, 0.2) == "not separable"
+
+
+def test_details_round_trip():
+    rng = np.random.default_rng(0)
+    details = {"pass1": rng.random(37) < 0.5, "n_correct": rng.integers(0, 9, 11), "n_samples": 8}
+    row = encode_details(details)
+    back = decode_details(row)
+    assert row["n_samples"] == 8 and row["n_problems"] == 37
+    assert (back["pass1"] == details["pass1"]).all()
+    assert (back["n_correct"] == details["n_correct"]).all()
+    big = encode_details({"pass1": np.ones(3, bool), "n_correct": np.array([300, 0, 1]),
+                          "n_samples": 300})  # fmt: skip
+    assert (decode_details(big)["n_correct"] == [300, 0, 1]).all()
+
+
+# --- Through the CLI: hand-made run directories -------------------------------------------------
+
+
+def _write_run(root, name, buffer, seed, correct_by_step, units_per_step):
+    """A finished run directory: config.yaml, metrics.jsonl (eval rows) and
+    eval_details.jsonl with the given per-problem correctness at each evaluated step."""
+    d = root / name
+    d.mkdir(parents=True)
+    cfg = {"seed": seed, "buffer": {"name": buffer}, "compute": {"mu": 6.84}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with open(d / "metrics.jsonl", "w") as m, open(d / "eval_details.jsonl", "w") as e:
+        for step, correct in correct_by_step.items():
+            x = {"compute/paper_units": step * units_per_step, "compute/rollouts": 64 * step}
+            wall = {"compute/seconds": 0.1 * step}
+            m.write(json.dumps({"step": step, "eval/pass@1": correct.mean(), **x, **wall}) + "\n")
+            det = {"pass1": correct, "n_correct": correct.astype(int) * 8, "n_samples": 8}
+            e.write(json.dumps({"step": step, **x, **encode_details(det)}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "finished"}))
+
+
+@pytest.fixture
+def two_arm_sweep(tmp_path):
+    """On-policy vs FIFO, seeds 0-2, 200 problems, evaluated at 0, 10, 20 paper units. The
+    baseline solves 30 / 40 / 50 % of the problems (seed s: s more), replay 30 / 55 / 60 %."""
+    root = tmp_path / "sweep"
+    for seed in range(3):
+        for buffer, rates, per_step in (("on_policy", (60, 80, 100), 1.0),
+                                        ("fifo", (60, 110, 120), 0.5)):  # fmt: skip
+            steps = [0, int(10 / per_step), int(20 / per_step)]
+            correct = {}
+            for step, n in zip(steps, rates, strict=True):
+                c = np.zeros(200, dtype=bool)
+                c[: n + seed] = True
+                correct[step] = c
+            _write_run(root, f"buffer.name={buffer},seed={seed}", buffer, seed, correct, per_step)
+    return root
+
+
+def test_report_prints_intervals_and_verdicts(two_arm_sweep, tmp_path):
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay_exp.analysis.report", str(two_arm_sweep), "--out", str(out),
+         "--n-boot", "1000"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert "**Warning: fewer than 4 seeds per configuration**" in text.split("## Best")[0]
+    assert "## Against the baseline (on-policy): 95 % bootstrap intervals" in text
+    stats = pd.read_csv(out / "stats.csv")
+    assert len(stats) == 1
+    r = stats.iloc[0]
+    # Final (x = 20): 0.60 vs 0.50 on 200 problems, identical seeds: +0.100, paired problems,
+    # SE sqrt(0.1 * 0.9 / 200) = 0.021.
+    assert r["final"] == pytest.approx(0.1) and r["final_verdict"] == "better"
+    assert 0.05 < r["final_lo"] < 0.07 and 0.13 < r["final_hi"] < 0.15
+    assert r["peak"] == pytest.approx(0.1) and r["problems"] == 200 and r["paired_seeds"]
+    # Saving: target 0.98 * 0.505 (the seed-mean peak) = 0.4949. Baseline: from 0.405 at 10 to
+    # 0.505 at 20 -> 10 + 10 * 0.0899 / 0.1 = 18.99. FIFO: from 0.305 at 0 to 0.555 at 10 ->
+    # 10 * 0.1899 / 0.25 = 7.596. Saving 1 - 7.596 / 18.99 = 0.60.
+    assert r["saving"] == pytest.approx(1 - 7.596 / 18.99, abs=1e-3)
+    assert r["saving_verdict"] == "better"
+    line = [ln for ln in text.splitlines() if ln.startswith("| FIFO")][-1]  # the stats table
+    assert "| +0.100 [" in line and "| better |" in line
+    assert "+0.100 +0.100 +0.100" in line  # per-seed final differences

@@ -1,0 +1,79 @@
+"""The embedded default starts from warm-started weights shipped with the package: the same
+bytes on every machine (pinned by their SHA-256), loaded without training, and the README main
+command's step-0 pass@1 is the documented number."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from replay_exp.config import compose, resolve
+from replay_exp.evaluate import evaluate
+from replay_exp.models import build_char_tokenizer, load_policy
+from replay_exp.models.warm_start import (
+    SHIPPED_DIR,
+    file_sha256,
+    recipe_key,
+    shipped_warm_start,
+)
+from replay_exp.rollout import HFGenerator
+from replay_exp.tasks import make_task
+
+# python -m replay_exp.models.warm_start prints this when it rebuilds the shipped copy.
+SHIPPED_SHA256 = "7f5b698db862405a0b39aa18d3b401f021710899662a82bb70ee58ec4d1eb068"
+# Greedy pass@1 of the shipped model on the default held-out split (task.n_eval problems).
+STEP0_CORRECT, STEP0_PROBLEMS = 446, 2048
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_the_shipped_weights_are_the_pinned_bytes():
+    cfg = compose([])
+    path = shipped_warm_start(cfg.model, cfg.task, build_char_tokenizer())
+    assert path is not None and path.parent == SHIPPED_DIR
+    assert file_sha256(path / "model.safetensors") == SHIPPED_SHA256
+    assert [p.name for p in SHIPPED_DIR.iterdir() if not p.name.startswith(".")] == [path.name]
+
+
+def test_the_default_loads_the_shipped_copy_without_training(tmp_path):
+    cfg = compose([f"model.warm_start.cache_dir={tmp_path}"])
+    _, _, source = load_policy(cfg.model, cfg.task, make_task(cfg.task))
+    assert Path(source).parent == SHIPPED_DIR
+    assert not any(tmp_path.iterdir())  # nothing trained, nothing cached
+
+
+def test_the_recipe_ignores_what_does_not_change_the_weights():
+    tok = build_char_tokenizer()
+    base = compose([])
+    key = recipe_key(base.model, base.task, tok)
+    for same in (["task.n_eval=256"], ["model.warm_start.cache_dir=/elsewhere"],
+                 ["model.name=other"], ["model.warm_start.shipped=false"]):  # fmt: skip
+        cfg = compose(same)
+        assert recipe_key(cfg.model, cfg.task, tok) == key, same
+    for different in (["task.demo_carry_drop=0.5"], ["model.warm_start.steps=700"],
+                      ["task.split_seed=1"], ["model.hidden_size=64"]):  # fmt: skip
+        cfg = compose(different)
+        assert recipe_key(cfg.model, cfg.task, tok) != key, different
+        assert shipped_warm_start(cfg.model, cfg.task, tok) is None
+
+
+def test_shipped_false_ignores_the_shipped_copy():
+    cfg = compose(["model.warm_start.shipped=false"])
+    assert shipped_warm_start(cfg.model, cfg.task, build_char_tokenizer()) is None
+
+
+@pytest.mark.slow
+def test_step0_pass1_of_the_main_command_is_the_documented_number():
+    cfg, d = resolve(compose([]))
+    torch.set_num_threads(d.threads)
+    task = make_task(cfg.task)
+    policy, tok, _ = load_policy(cfg.model, cfg.task, task)
+    problems = task.eval_problems()
+    assert len(problems) == STEP0_PROBLEMS
+    evaluator = HFGenerator(policy, tok.pad_token_id, tok.eos_token_id)
+    out, details = evaluate(evaluator, policy, tok, task, problems, cfg.eval, d.max_new_tokens, 0)
+    assert int(details["pass1"].sum()) == STEP0_CORRECT
+    documented = f"{STEP0_CORRECT / STEP0_PROBLEMS:.3f}"
+    assert re.search(rf"step 0 \| pass@1 {documented}", README.read_text()), documented
