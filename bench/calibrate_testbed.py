@@ -66,7 +66,7 @@ def main_command(out: Path, seeds: list[int]) -> bool:
     print("1-3. the README main command, one run at a time, default threads", flush=True)
     walls, lifts, kls, clips, ses = [], [], [], [], []
     for seed in seeds:
-        run_dir = out / "main" / f"seed={seed}"
+        run_dir = out / "main" / f"seed{seed}"
         fresh = not (run_dir / "summary.json").is_file()
         wall = train(run_dir, f"seed={seed}")
         rows = read_metrics(run_dir / "metrics.jsonl")
@@ -109,7 +109,7 @@ def main_command(out: Path, seeds: list[int]) -> bool:
 def baseline_lr_sweep(out: Path, seeds: list[int], lrs: list[str], jobs: int) -> bool:
     print(f"4. on-policy baseline at the study budget, lr in {lrs}, seeds {seeds} "
           f"({jobs} runs at a time, threads=1)", flush=True)  # fmt: skip
-    runs = {(lr, s): out / "baseline" / f"lr={lr},seed={s}" for lr in lrs for s in seeds}
+    runs = {(lr, s): out / "baseline" / f"lr{lr}_seed{s}" for lr in lrs for s in seeds}
     study = ["+sweep=_tiny_base", "buffer=on_policy", "threads=1", "save_final_model=false"]
     with ThreadPoolExecutor(jobs) as pool:
         list(pool.map(lambda k: train(runs[k], *study, f"algo.lr={k[0]}", f"seed={k[1]}"), runs))

@@ -5,8 +5,10 @@
 Runs ``python -m replay_exp.train seed=S`` once per seed, as a user would, and prints per seed:
 wall seconds of the whole command, held-out pass@1 of the warm-start model (step 0) and of the
 final policy, the lift in points, and the measured mu. The first seed uses an empty warm-start
-cache (cold start: the supervised phase runs and is timed inside the command); later seeds reuse
-it, as a second run would. Ends with the medians over seeds.
+cache: with the shipped warm start (the default) nothing is trained and every seed times the
+same thing; with a recipe that is not shipped (``--extra model.warm_start.shipped=false``) the
+supervised phase runs in the first seed's command (a cold start) and later seeds reuse it.
+Ends with the medians over seeds. ``bench/calibrate_testbed.py`` checks the testbed's criteria.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def main() -> None:
         )
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "seed"}
     print(
-        f"median over {len(rows)} seeds: wall {med['wall_s']:.1f}s (cold start, seed "
+        f"median over {len(rows)} seeds: wall {med['wall_s']:.1f}s (first seed, empty cache, seed "
         f"{rows[0]['seed']}: {rows[0]['wall_s']:.1f}s)  pass@1 {med['pass1_start']:.3f} -> "
         f"{med['pass1_final']:.3f}  lift {med['lift_pts']:+.1f} pts  mu {med['measured_mu']:.2f}"
     )

@@ -127,6 +127,10 @@ BAD = [
         "schedule.reuse_ratio=3.0 gives a non-integer rollouts_per_step B/y = 64/3.0 = 21.3333",
     ),
     (["eval.pass_k=[1,16]"], "eval.pass_k=[1, 16] needs every k in [1, eval.n_samples=8]"),
+    (["eval.unit=tokens"], "eval.unit=tokens is unknown; choose one of ['steps', 'compute', "
+     "'rollouts']"),
+    (["eval.every=2.5"], "eval.every=2.5 must be a whole number of steps (eval.unit=steps)"),
+    (["eval.sampled_problems=0"], "eval.sampled_problems=0 must be > 0"),
     (["generation.temperature=0"], "generation.temperature=0.0 must be > 0"),
     (["generation.top_p=1.5"], "generation.top_p=1.5 must be in (0, 1]"),
     (["algo.eps_low=1.0"], "algo.eps_low=1.0 must be in [0, 1)"),

@@ -109,6 +109,8 @@ def test_killed_run_resumes_to_the_same_metrics(fast, tmp_path, variant):
     want = _without_timing(read_metrics(full / "metrics.jsonl"))
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(9))
     assert got == want
+    details = "eval_details.jsonl"  # per-problem eval results: truncated and continued too
+    assert (killed / details).read_text() == (full / details).read_text()
     weights = "final_model/model.safetensors"
     assert (killed / weights).read_bytes() == (full / weights).read_bytes()
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from replay_exp.config import compose, resolve
+from replay_exp.evaluate import decode_details
 from replay_exp.logging import read_metrics
 from replay_exp.models import load_policy, load_pretrained
 from replay_exp.rollout import HFGenerator, SamplingParams
@@ -54,6 +55,15 @@ def test_two_steps_change_parameters_and_log_expected_keys(fast, tmp_path):
         "eval/entropy", "policy/version",
     }  # fmt: skip
     assert expected <= set(rows[2]), expected - set(rows[2])
+    diag = {"diag/update_kl", "diag/ess_frac", "diag/kl", "diag/clip_frac", "diag/lag0/kl",
+            "diag/lag1-3/token_frac", "diag/lag16+/kl"}  # fmt: skip
+    assert diag <= set(rows[2]) and "diag/seconds" not in rows[2]
+    assert rows[1]["diag/update_kl"] > 0  # an update moves the policy, even on fresh data
+    # Per-problem results of each evaluation, matching the logged pass@1.
+    details = [json.loads(line) for line in (run_dir / "eval_details.jsonl").open()]
+    assert [d["step"] for d in details] == [0, 2]  # eval.every=2
+    for d, r in zip(details, [rows[0], rows[2]], strict=True):
+        assert decode_details(d)["pass1"].mean() == pytest.approx(r["eval/pass@1"])
     # Paper units: fifo with R = B = 16, mu = 1 -> (16 + 16) / (16 * 2) = 1 unit per step.
     assert rows[2]["compute/paper_units"] == pytest.approx(2.0)
     assert rows[2]["compute/rollouts"] == 32
@@ -109,3 +119,25 @@ def test_sync_every_k_generates_from_stale_weights(fast, tmp_path):
     # Weights are copied at steps 0 and 2, so rollouts of steps 0..3 come from versions 0,0,2,2.
     assert [r["policy/generator_version"] for r in rows] == [0, 0, 2, 2]
     assert [r["buffer/batch_version_lag_max"] for r in rows][1] == 1
+
+
+def test_compute_grid_evaluates_every_arm_at_the_same_x(fast, tmp_path):
+    """eval.unit=compute: an on-policy step costs 1 unit and a y = 4 replay step about
+    (1 + 6.84 / 4) / 7.84 = 0.346 (less while its buffer holds fewer than B rollouts), yet both
+    are evaluated at the start, at the first step that reaches 2 units and at their end (4
+    units), equally often; diagnostics off drops diag/*."""
+    grid = ["compute.mu=6.84", "schedule.max_steps=null", "schedule.max_compute=4",
+            "eval.unit=compute", "eval.every=2", "logger.diagnostics=false"]  # fmt: skip
+    evals = {}
+    for name, arm in (("on_policy", ["buffer=on_policy"]), ("replay", ["schedule.reuse_ratio=4"])):
+        _run([*fast, *grid, *arm], tmp_path / name)
+        rows = read_metrics(tmp_path / name / "metrics.jsonl")
+        assert not any(k.startswith("diag/") for r in rows for k in r)
+        x = [r["compute/paper_units"] for r in rows]  # one row per step (log_every=1)
+        crossed = [i for i in range(1, len(x)) if x[i - 1] < 2 <= x[i]]
+        want = [0, *crossed, len(x) - 1]
+        assert [i for i, r in enumerate(rows) if "eval/pass@1" in r] == want, name
+        evals[name] = [x[i] for i in want]
+    assert evals["on_policy"] == pytest.approx([0, 2, 4])
+    assert evals["replay"][0] == 0 and 2 <= evals["replay"][1] < 2 + 0.35
+    assert 3.5 < evals["replay"][2] <= 4  # the budget buys whole steps at the full cost

@@ -36,6 +36,8 @@ import math
 import torch
 from torch import Tensor
 
+from replay_exp.algo.grpo import clipped_tokens
+
 # (name, lowest lag, highest lag) of each bucket, in policy versions.
 LAG_BUCKETS = (("lag0", 0, 0), ("lag1-3", 1, 3), ("lag4-15", 4, 15), ("lag16+", 16, math.inf))
 
@@ -54,7 +56,8 @@ def _staleness(
         return dict.fromkeys(("clip_frac", "outside_clip", "ratio_dev", "kl"), math.nan)
     r = torch.exp(log_r)
     low, high = r < 1.0 - eps_low, r > 1.0 + eps_high
-    zeroed = (low & (adv_Bx1 < 0)) | (high & (adv_Bx1 > 0))
+    zeroed_low, zeroed_high = clipped_tokens(r, adv_Bx1, eps_low, eps_high)
+    zeroed = zeroed_low | zeroed_high
     return {
         "clip_frac": float((zeroed & mask).sum()) / n,
         "outside_clip": float(((low | high) & mask).sum()) / n,

@@ -211,6 +211,14 @@ def _masked_min_max(x_BxC: Tensor, mask_BxC: Tensor) -> tuple[Tensor, Tensor]:
     return lo, hi
 
 
+def clipped_tokens(
+    ratio_BxC: Tensor, adv_Bx1: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """Where the clip zeroes a token's gradient: (ratio < 1 - eps_low with A < 0, ratio >
+    1 + eps_high with A > 0); there the clipped term is the smaller one and is constant."""
+    return (ratio_BxC < 1.0 - eps_low) & (adv_Bx1 < 0), (ratio_BxC > 1.0 + eps_high) & (adv_Bx1 > 0)
+
+
 def ratio_stats(log_ratio_BxC: Tensor, mask_BxC: Tensor) -> dict[str, Tensor]:
     """Detached staleness statistics of ``ratio = exp(log_ratio)`` over valid tokens.
 
@@ -334,8 +342,8 @@ def grpo_loss(
 
     with torch.no_grad():
         ratio = ratio_BxC.detach()
-        low_BxC = (ratio < 1.0 - eps_low) & (adv_Bx1 < 0) & mask_BxC
-        high_BxC = (ratio > 1.0 + eps_high) & (adv_Bx1 > 0) & mask_BxC
+        low_BxC, high_BxC = clipped_tokens(ratio, adv_Bx1, eps_low, eps_high)
+        low_BxC, high_BxC = low_BxC & mask_BxC, high_BxC & mask_BxC
         values = {
             "pg_loss": pg_loss.detach(),
             "clip_frac": masked_mean((low_BxC | high_BxC).float(), mask_BxC),
