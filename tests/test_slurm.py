@@ -126,7 +126,9 @@ def test_requeue_resumes_from_snapshot(fast, tmp_path):
     """``scontrol requeue`` of the running job, once it has a snapshot past step 2: SLURM kills
     it and reruns it (same job id, same pickled job); the run resumes from its newest snapshot
     and finishes with every step exactly once. (See the module docstring for the mechanism.)"""
-    steps = 150  # long enough that the kill (SIGKILL KillWait=5 s after SIGTERM) lands mid-run
+    # Long enough that the kill (SIGKILL KillWait=5 s after the bypassed SIGTERM) lands mid-run:
+    # at ~25 ms per step, 150 steps were once over before it landed (a flaky pass condition).
+    steps = 600
     cmd = _sweep(fast, tmp_path, f"schedule.max_steps={steps}", "checkpoint.every=2", "seed=0")
     run_dir, job_id = tmp_path / "out" / "job_0", None
     with open(tmp_path / "sweep.log", "w") as out:
