@@ -31,6 +31,26 @@ def fast_overrides(tmp_path) -> list[str]:
     ]
 
 
+def default_overrides(tmp_path) -> list[str]:
+    """The embedded default itself (shipped warm start, default model, sizes and thread count)
+    cut to seconds, with reuse 2 so that replay batches scatter the rows of a prompt: the setting
+    determinism and resume are tested at (the small model of :func:`fast_overrides` runs every
+    kernel on its serial path, where thread-order effects cannot show)."""
+    return [
+        "schedule.reuse_ratio=2",
+        "task.n_eval=64",
+        "eval.sampled_problems=16",
+        "eval.every=3",
+        "logger.progress=false",
+        f"model.warm_start.cache_dir={tmp_path / 'cache'}",
+    ]
+
+
+@pytest.fixture
+def default_small(tmp_path):
+    return default_overrides(tmp_path)
+
+
 @pytest.fixture
 def fast(tmp_path):
     return fast_overrides(tmp_path)

@@ -69,19 +69,22 @@ def _without_timing(rows):
 
 
 @pytest.mark.parametrize(
-    "variant",
+    ("base", "variant"),
     [
-        ["buffer=on_policy"],
+        ("fast", ["buffer=on_policy"]),
         # A private generator copy synced at steps 0, 3 and 6: the snapshot of step 4 (where
         # the kill lands, 10 ms after it appears) holds version 3 weights, which steps 4 and 5
         # sample from, so a resume that lost them would generate different rollouts. (With
         # sync_every=2 every snapshot step syncs at once, and a copy of version 0 equals the
         # freshly loaded policy: the copy would not matter.)
-        ["buffer=fifo", "schedule.sync_every=3"],
+        ("fast", ["buffer=fifo", "schedule.sync_every=3"]),
+        # The embedded default at its default thread count, replaying (conftest.default_small).
+        ("default_small", []),
     ],
-    ids=["on_policy", "fifo_sync3"],
+    ids=["on_policy", "fifo_sync3", "default_threads"],
 )
-def test_killed_run_resumes_to_the_same_metrics(fast, tmp_path, variant):
+def test_killed_run_resumes_to_the_same_metrics(base, variant, request, tmp_path):
+    fast = request.getfixturevalue(base)
     full, killed = tmp_path / "full", tmp_path / "killed"
 
     proc = _launch(_command(fast, full, *variant), tmp_path)  # uninterrupted reference

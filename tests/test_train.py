@@ -4,6 +4,7 @@ deterministic, and the on-policy preset trains exactly like a loop without a buf
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -84,6 +85,21 @@ def test_same_config_and_seed_give_identical_metrics(fast, tmp_path):
     assert a == b
     _run([*over[:-1], "seed=4"], tmp_path / "c")  # and the seed matters
     assert _without_timing(read_metrics(tmp_path / "c" / "metrics.jsonl")) != a
+
+
+def test_default_thread_count_is_deterministic(default_small, tmp_path):
+    """The embedded default at its default thread count (all cores): two runs, the same
+    metrics. Before the shared-prompt broadcast used index_select, the backward of a replay
+    batch summed rows in a thread-dependent order and these differed from step 1 on."""
+    over = [*default_small, "schedule.max_steps=6", "seed=7"]
+    _, _, d = _run(over, tmp_path / "a")
+    assert d.threads == (os.cpu_count() or 1)
+    _run(over, tmp_path / "b")
+    a = _without_timing(read_metrics(tmp_path / "a" / "metrics.jsonl"))
+    b = _without_timing(read_metrics(tmp_path / "b" / "metrics.jsonl"))
+    assert len(a) == 7 and a == b
+    weights = "final_model/model.safetensors"
+    assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
 
 
 def test_on_policy_preset_trains_exactly_like_a_loop_without_buffer(fast, tmp_path):

@@ -6,6 +6,13 @@ values (the KV cache) to the rows that share it and continue with the completion
 saves (G - 1)/G of the prompt compute, which dominates at LLM scale (prompts of hundreds of
 tokens, completions of a few hundred, G = 16). Gradients flow through the broadcast, so the
 result equals a full forward over [prompt | completion] up to float rounding (tests check it).
+
+Determinism: the broadcast uses ``index_select``, never advanced indexing (``x[index]``). With
+repeated, unsorted indices (a replay batch: its rows of one prompt are scattered) the backward of
+``x[index]`` is ``index_put_(accumulate=True)``, which on CPU with several threads adds rows with
+atomics in an order that changes from run to run, so two runs of the same seed drifted apart at
+the default thread count; the backward of ``index_select`` (``index_add_``) sums in a fixed
+order. (transformers' ``cache.batch_select_indices`` indexes the first way.)
 """
 
 from __future__ import annotations
@@ -52,8 +59,22 @@ def prefill(model: PreTrainedModel, ids_BxP: torch.Tensor, mask_BxP: torch.Tenso
     cache = out.past_key_values
     # torch.unique sorts the rows: broadcast back to the batch's order (even with no repeats).
     if not torch.equal(inverse_B, torch.arange(len(inverse_B), device=inverse_B.device)):
-        cache.batch_select_indices(inverse_B)
-    return out.logits[inverse_B, -1], cache, pos_UxP[inverse_B, -1] + 1
+        select_cache_rows(cache, inverse_B)
+    return out.logits[:, -1].index_select(0, inverse_B), cache, pos_UxP[inverse_B, -1] + 1
+
+
+# Per-row tensors of a transformers cache layer (DynamicLayer and its subclasses).
+_CACHE_ROW_TENSORS = ("keys", "values", "indexer_keys")
+
+
+def select_cache_rows(cache, index_B: torch.Tensor) -> None:
+    """``cache.batch_select_indices(index_B)`` with ``index_select``: row i of the result is row
+    ``index_B[i]``, with a backward that is deterministic on CPU (module docstring)."""
+    for layer in cache.layers:
+        for name in _CACHE_ROW_TENSORS:
+            rows = getattr(layer, name, None)
+            if isinstance(rows, torch.Tensor) and rows.numel() > 0:
+                setattr(layer, name, rows.index_select(0, index_B))
 
 
 def completion_logits(
