@@ -14,7 +14,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -243,13 +243,26 @@ def register_configs() -> None:
         cs.store(group=group, name="schema", node=node)
 
 
-_STAMP = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")  # one per process
+_last_stamp: list[datetime] = []  # the newest stamp handed out in this process
+
+
+def unique_stamp() -> str:
+    """``<date>_<time>.<microseconds>-<pid>``: unique per call, in this process (strictly
+    increasing microseconds) and across processes (the pid)."""
+    now = datetime.now()
+    if _last_stamp and now <= _last_stamp[0]:
+        now = _last_stamp[0] + timedelta(microseconds=1)
+    _last_stamp[:] = [now]
+    return f"{now:%Y-%m-%d_%H-%M-%S}.{now:%f}-{os.getpid()}"
 
 
 def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
     """The run directory when ``run_dir`` is not given.
 
-    - A single run: ``<output_root>/<date>_<time>``.
+    - A single run: ``<output_root>/<date>_<time>.<microseconds>-<pid>``, a new name for every
+      composed config (so two runs started in the same second, or twice from one notebook,
+      never share a directory; a run also locks its directory, ``replay_exp.rundir``). The
+      resolver caches its value per config object, so one config names one directory.
     - A job of a Hydra multirun: ``<output_root>/<sweep_name or "multirun">/<overrides>``,
       named by the job's overrides (sorted, cosmetic keys excluded, see train.yaml's
       ``hydra.job.config.override_dirname``) plus the seed, so a sweep's folder explains itself
@@ -259,7 +272,7 @@ def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
-        return f"{output_root}/{_STAMP}"
+        return f"{output_root}/{unique_stamp()}"
     name = HydraConfig.get().job.override_dirname
     if not re.search(r"(^|,)seed=", name):
         name = f"{name},seed={seed}" if name else f"seed={seed}"
@@ -276,7 +289,7 @@ def sweep_dir_name(sweep_name: str | None) -> str:
 
 
 if not OmegaConf.has_resolver("default_run_dir"):
-    OmegaConf.register_new_resolver("default_run_dir", default_run_dir)
+    OmegaConf.register_new_resolver("default_run_dir", default_run_dir, use_cache=True)
 if not OmegaConf.has_resolver("sweep_dir_name"):
     OmegaConf.register_new_resolver("sweep_dir_name", sweep_dir_name)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from replay_exp.checkpoint import (
     CheckpointError,
     Snapshot,
+    atomic_write_text,
     config_differences,
     format_value,
     has_snapshots,
@@ -52,10 +56,14 @@ def prepare_run_dir(cfg: DictConfig, derived: Derived, run_dir: Path | None = No
     - a good snapshot: resume from the newest; corrupt ones are skipped with a warning, and
       snapshots that are all bad raise CheckpointError naming the files;
     - no snapshot: a fresh run if metrics.jsonl holds nothing past the initial eval (the run
-      died before its first snapshot), else ConfigError (results it cannot continue).
+      died before its first snapshot), else ConfigError (results it cannot continue);
+    - a live process holds the directory (:class:`RunLock`): :class:`RunDirBusy`.
     """
     run_dir = Path(cfg.run_dir if run_dir is None else run_dir)
     start = RunStart(run_dir)
+    owner = lock_holder(run_dir)
+    if owner is not None:
+        raise _busy(run_dir, owner)
     cfg_path, metrics_path, ckpt_root = (
         run_dir / "config.yaml",
         run_dir / "metrics.jsonl",
@@ -131,3 +139,123 @@ def _describe(diffs: list[tuple[str, Any, Any]], limit: int = 8) -> str:
     parts = [f"{k}={format_value(a)} there, {format_value(b)} here" for k, a, b in diffs[:limit]]
     more = f"; and {len(diffs) - limit} more keys" if len(diffs) > limit else ""
     return "; ".join(parts) + more
+
+
+# ---------------------------------------------------------------------------------------------
+# The run directory's lock: one live run writes into a directory at a time.
+# ---------------------------------------------------------------------------------------------
+
+LOCK_FILE = ".lock"
+
+
+class RunDirBusy(ConfigError):
+    """Another live process holds the run directory (one line, names it)."""
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (field 22 of /proc/<pid>/stat), so that a reused pid
+    is not mistaken for the run that wrote a lock; None where /proc is not available."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _this_process() -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "start": process_start(os.getpid()),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def lock_holder(run_dir: Path, include_self: bool = False) -> dict[str, Any] | None:
+    """Who holds ``run_dir`` (the lock file's record), or None: no lock, a stale one (its
+    process is gone, or it is an earlier attempt of this same SLURM job, i.e. a requeue), or
+    this process's own lock unless ``include_self``."""
+    try:
+        owner = json.loads((Path(run_dir) / LOCK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(owner, dict):
+        return None
+    me = _this_process()
+    if owner.get("pid") == me["pid"] and owner.get("host") == me["host"]:
+        return owner if include_self else None  # this process's own lock
+    if owner.get("slurm_job_id") and owner.get("slurm_job_id") == me["slurm_job_id"]:
+        return None  # the same SLURM job, requeued: its earlier attempt is dead
+    if owner.get("host") != me["host"]:
+        return owner  # another machine: cannot tell, so it counts as held
+    pid = owner.get("pid")
+    if not isinstance(pid, int):
+        return None
+    start = process_start(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, another user's
+    if start is None and Path("/proc").is_dir():
+        return None  # gone between the two checks
+    if owner.get("start") is not None and start is not None and start != owner["start"]:
+        return None  # the pid was reused by another process
+    if Path(f"/proc/{pid}/stat").is_file() and _zombie(pid):
+        return None
+    return owner
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _busy(run_dir: Path, owner: dict[str, Any]) -> RunDirBusy:
+    return RunDirBusy(
+        f"run_dir={run_dir} is in use by process {owner.get('pid')} on {owner.get('host')} "
+        f"(since {owner.get('since')}); wait for it to end or choose another run_dir "
+        f"(a lock left by a process that is gone is taken over: {run_dir / LOCK_FILE})"
+    )
+
+
+class RunLock:
+    """Exclusive use of a run directory while a run writes into it: ``run_dir/.lock`` records
+    the owner (pid, host, process start time, SLURM job id). Created with O_EXCL; a lock whose
+    owner is gone (or an earlier attempt of the same SLURM job) is taken over with a warning
+    (``notes``); a live owner raises :class:`RunDirBusy`. Released (removed) on exit."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self.notes: list[str] = []
+        self.held = False
+
+    def __enter__(self) -> RunLock:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        me = json.dumps(_this_process())
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            owner = lock_holder(self.run_dir, include_self=True)
+            if owner is not None:
+                raise _busy(self.run_dir, owner) from None
+            stale = self.path.read_text(errors="replace").strip()
+            atomic_write_text(self.path, me)
+            self.notes.append(f"took over a stale lock of {self.run_dir}: {stale}")
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+        if self.path.read_text() != me:  # another process took it over at the same moment
+            raise _busy(self.run_dir, json.loads(self.path.read_text()))
+        self.held = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False

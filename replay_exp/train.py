@@ -64,7 +64,7 @@ from replay_exp.logging import MetricsWriter, make_logger
 from replay_exp.models import load_policy
 from replay_exp.rollout import HFGenerator, SamplingParams, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, recompute_behaviour_logp
-from replay_exp.rundir import RunStart, config_yaml, prepare_run_dir
+from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
 from replay_exp.schedule import Every, OnGrid, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
@@ -87,19 +87,32 @@ def run(
     if start is None:
         start = prepare_run_dir(cfg, derived, run_dir)
     if start.finished is not None:
-        print(f"run already finished: {run_dir / 'summary.json'} says so; nothing to do")
-        for note in start.notes:
-            print(note)
-        return start.finished
+        return _already_finished(run_dir, start)
+    with RunLock(run_dir) as lock:  # one live run per directory; released on exit
+        start = prepare_run_dir(cfg, derived, run_dir)  # again, now that nobody else writes
+        if start.finished is not None:
+            return _already_finished(run_dir, start)
+        return _run_locked(cfg, derived, run_dir, start, lock.notes)
+
+
+def _already_finished(run_dir: Path, start: RunStart) -> dict[str, Any]:
+    print(f"run already finished: {run_dir / 'summary.json'} says so; nothing to do")
+    for note in start.notes:
+        print(note)
+    return start.finished
+
+
+def _run_locked(
+    cfg: DictConfig, derived: Derived, run_dir: Path, start: RunStart, notes: list[str]
+) -> dict[str, Any]:
     torch.set_num_threads(derived.threads)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    run_dir.mkdir(parents=True, exist_ok=True)
     file_log = logging.FileHandler(run_dir / "train.log")
     file_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger().addHandler(file_log)
     log.info("run dir: %s", run_dir)
-    for note in start.notes:
+    for note in [*notes, *start.notes]:
         log.warning(note)
     if start.snapshot is None:
         for name in LOG_FILES:  # at most an initial eval: redone
