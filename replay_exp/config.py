@@ -399,6 +399,11 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     # Sizes.
     G, B = a.group_size, s.batch_size
     _positive("algo.group_size", G)
+    if G < 2:
+        _fail(
+            f"algo.group_size={G}: a group of one is its own baseline, so every advantage is 0 "
+            "(and AsymRE's coefficient a constant): nothing would train; use >= 2"
+        )
     _positive("schedule.batch_size", B)
     _positive("schedule.sync_every", s.sync_every)
     _positive("eval.every", e.every)

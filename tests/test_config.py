@@ -127,6 +127,8 @@ BAD = [
         "schedule.reuse_ratio=3.0 gives a non-integer rollouts_per_step B/y = 64/3.0 = 21.3333",
     ),
     (["eval.pass_k=[1,16]"], "eval.pass_k=[1, 16] needs every k in [1, eval.n_samples=8]"),
+    (["algo.group_size=1"], "algo.group_size=1: a group of one is its own baseline, so every "
+     "advantage is 0 (and AsymRE's coefficient a constant): nothing would train; use >= 2"),
     (["eval.unit=tokens"], "eval.unit=tokens is unknown; choose one of ['steps', 'compute', "
      "'rollouts']"),
     (["eval.every=2.5"], "eval.every=2.5 must be a whole number of steps (eval.unit=steps)"),
