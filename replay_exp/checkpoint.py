@@ -441,8 +441,9 @@ def config_differences(
     saved: dict, current: dict, ignore: Iterable[str] = ()
 ) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every leaf that differs, keys sorted; a key
-    missing on one side has the value ``MISSING_VALUE``. Keys in ``ignore`` (or under them)
-    are skipped."""
+    missing on one side has the value ``MISSING_VALUE``. A key missing on one side and null on
+    the other is no difference (an unused knob that an older config listed, or a derived size
+    it did not record). Keys in ``ignore`` (or under them) are skipped."""
     a, b = flatten(saved), flatten(current)
     ignore = tuple(ignore)
     out = []
@@ -450,6 +451,8 @@ def config_differences(
         if any(key == k or key.startswith(k + ".") for k in ignore):
             continue
         va, vb = a.get(key, MISSING_VALUE), b.get(key, MISSING_VALUE)
+        if (va is None and vb == MISSING_VALUE) or (vb is None and va == MISSING_VALUE):
+            continue
         if va != vb:
             out.append((key, va, vb))
     return out

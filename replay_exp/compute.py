@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from replay_exp import costmodel
+
 
 def flop_params(model: torch.nn.Module) -> int:
     """Parameters that cost 2 FLOPs per token in a forward pass (see module docstring)."""
@@ -62,7 +64,7 @@ class Ledger:
         """``lengths``: prompt + completion real tokens per generated rollout."""
         self.rollouts += len(lengths)
         self.gen_tokens += gen_tokens
-        self.sample_units += self.mu * len(lengths)
+        self.sample_units += costmodel.sample_units(0, len(lengths), self.mu)
         self.flops_gen += forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
         self.seconds_gen += seconds
         self._normalise()
@@ -72,7 +74,7 @@ class Ledger:
         self.steps += 1
         self.samples_trained += len(lengths)
         self.train_tokens += loss_tokens
-        self.sample_units += len(lengths)
+        self.sample_units += costmodel.sample_units(len(lengths), 0, self.mu)
         self.flops_train += 3 * forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
         self.seconds_train += seconds
         self._normalise()
@@ -84,7 +86,7 @@ class Ledger:
         if self.units_per_step is not None:
             self.paper_units = self.steps * self.units_per_step
         else:
-            self.paper_units = self.sample_units / (self.batch_size * (1 + self.mu))
+            self.paper_units = costmodel.paper_units(self.sample_units, self.mu, self.batch_size)
 
     def measured_mu(self) -> float | None:
         if not (self.rollouts and self.samples_trained and self.seconds_train > 0):

@@ -9,11 +9,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from replay_exp.algo import masked_mean
+from replay_exp.models.forward import policy_logprobs
 from replay_exp.rollout import Generator, SamplingParams
 from replay_exp.rollout.collect import score, tokenize_prompts
 from replay_exp.tasks import Problem, Task
 from replay_exp.types import RolloutBatch
-from replay_exp.update import policy_logprobs
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from replay_exp import costmodel
+
 
 @dataclass(frozen=True)
 class Every:
@@ -80,7 +82,8 @@ class AsyncArrivals:
 
     def __init__(self, workers: int, trainers: int, mu: float, batch_size: int, group_size: int):
         self.workers, self.trainers, self.mu = workers, trainers, mu
-        self.rate = batch_size * workers / (mu * trainers * group_size)
+        rollouts = costmodel.async_rollouts_per_step(batch_size, workers, trainers, mu)
+        self.rate = rollouts / group_size
 
     def _delivered(self, step: int) -> int:
         """A(step): groups delivered by the end of step ``step`` (A(-1) = 0)."""
@@ -95,17 +98,12 @@ class AsyncArrivals:
         return self._delivered(step - 1)
 
 
-def make_arrivals(schedule, mu: float, group_size: int) -> SyncArrivals | AsyncArrivals:
-    """The arrival schedule named by ``schedule.name`` (a resolved schedule config node)."""
+def make_arrivals(schedule, derived, mu: float, group_size: int) -> SyncArrivals | AsyncArrivals:
+    """The arrival schedule named by ``schedule.name`` (a resolved schedule config node), with
+    the sizes ``resolve()`` derived (``derived``: R, and W, T under async)."""
     if schedule.name == "async":
-        return AsyncArrivals(
-            schedule.workers, schedule.trainers, mu, schedule.batch_size, group_size
-        )
-    R = schedule.rollouts_per_step
-    if R is None:
-        y = schedule.reuse_ratio
-        R = schedule.batch_size if y is None else round(schedule.batch_size / y)
-    return SyncArrivals(R // group_size)
+        return AsyncArrivals(derived.workers, derived.trainers, mu, schedule.batch_size, group_size)
+    return SyncArrivals(round(derived.prompts_per_step))
 
 
 class WeightHistory:

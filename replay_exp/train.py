@@ -188,7 +188,7 @@ def _train(
         max_completion_len=d.max_new_tokens,
         seed=derive_seed(cfg.seed, "buffer"),
     )
-    arrivals = make_arrivals(s, cfg.compute.mu, a.group_size)
+    arrivals = make_arrivals(s, d, cfg.compute.mu, a.group_size)
     history = WeightHistory(s.sync_lag)  # weights of recent versions, for a sync lag
     history.push(0, policy)
     ledger = Ledger(

@@ -26,6 +26,7 @@ from replay_exp.checkpoint import (
 from replay_exp.compute import Ledger
 from replay_exp.config import ConfigError, compose, resolve
 from replay_exp.rollout import HFGenerator
+from replay_exp.testing import random_rollouts
 from replay_exp.types import RolloutBatch
 
 
@@ -61,23 +62,7 @@ def _dirs(root):
 
 
 def _rollouts(R: int, step: int) -> RolloutBatch:
-    g = torch.Generator().manual_seed(step)
-    pl, cl = torch.randint(1, 5, (R,), generator=g), torch.randint(1, 4, (R,), generator=g)
-    pmask, cmask = torch.arange(4) >= (4 - pl)[:, None], torch.arange(3) < cl[:, None]
-    uid = torch.arange(step * R, (step + 1) * R)
-    return RolloutBatch(
-        prompt_ids_BxP=torch.randint(5, 50, (R, 4), generator=g).masked_fill(~pmask, 0),
-        prompt_mask_BxP=pmask,
-        completion_ids_BxC=torch.randint(5, 50, (R, 3), generator=g).masked_fill(~cmask, 0),
-        completion_mask_BxC=cmask,
-        behaviour_logp_BxC=(-torch.rand((R, 3), generator=g)).masked_fill(~cmask, 0.0),
-        reward_B=(torch.rand(R, generator=g) > 0.5).float(),
-        advantage_B=torch.randn(R, generator=g),
-        version_B=torch.full((R,), step),
-        created_step_B=torch.full((R,), step),
-        group_id_B=uid // 4,
-        uid_B=uid,
-    )
+    return random_rollouts(R, step, step * R, p_width=4, c_width=3, seed=step)
 
 
 def _components(seed: int, private_generator: bool = True):
@@ -334,12 +319,14 @@ def test_truncate_metrics_keeps_rows_up_to_the_step_byte_for_byte(tmp_path):
 
 
 def test_config_differences_names_keys_and_ignores_cosmetic_ones():
-    saved = {"a": {"b": 1, "c": [1, 2]}, "run_dir": "x", "gone": 3}
-    now = {"a": {"b": 2, "c": [1, 2]}, "run_dir": "y", "new": {"k": None}}
+    saved = {"a": {"b": 1, "c": [1, 2]}, "run_dir": "x", "gone": 3, "unused": None}
+    now = {"a": {"b": 2, "c": [1, 2]}, "run_dir": "y", "new": {"k": 0, "null": None}}
+    # A key absent on one side and null on the other is no difference (an older config listing
+    # a knob its option does not use, or a derived size it did not record).
     assert ck.config_differences(saved, now, ignore=["run_dir"]) == [
         ("a.b", 1, 2),
         ("gone", 3, ck.MISSING_VALUE),
-        ("new.k", ck.MISSING_VALUE, None),
+        ("new.k", ck.MISSING_VALUE, 0),
     ]
 
 

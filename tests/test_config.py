@@ -9,14 +9,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import MISSING
 
 from replay_exp import config as C
 from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.schemas import NAME_KEYS, OPTION_SCHEMAS, TrainConfig, option_defaults
 
 CONF = Path(C.CONF_DIR)
 # conf/sweep links to sweeps/ (multirun files, appended with +sweep=...): tests/test_sweeps.py.
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "sweep")
-OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
+# Options: every YAML but the _base.yaml a group's options share.
+OPTIONS = [
+    (g, f.stem)
+    for g in GROUPS
+    for f in sorted((CONF / g).glob("*.yaml"))
+    if not f.name.startswith("_")
+]
 
 
 GSM8K = Path(__file__).parent / "fixtures" / "math" / "gsm8k.jsonl"
@@ -152,10 +160,10 @@ BAD = [
         ["model.hidden_size=130"],
         "model.hidden_size=130 is not a multiple of model.num_heads=4",
     ),
-    (["generation.gpu_memory_utilization=1.5"],
+    (["generation=vllm", "generation.gpu_memory_utilization=1.5"],
      "generation.gpu_memory_utilization=1.5 must be in (0, 1] (the share of GPU memory the "
      "vLLM engine may take)"),
-    (["generation.gpu_memory_utilization=0"],
+    (["generation=vllm", "generation.gpu_memory_utilization=0"],
      "generation.gpu_memory_utilization=0.0 must be in (0, 1] (the share of GPU memory the "
      "vLLM engine may take)"),
     (["generation.behaviour_logp=magic"],
@@ -240,33 +248,65 @@ def test_every_yaml_key_has_a_comment_above(path):
     assert undocumented == [], f"{path}: keys without a comment line above: {undocumented}"
 
 
-SCHEMA_FILES = {
-    C.ModelConfig: "model/tiny.yaml",
-    C.WarmStartConfig: "model/tiny.yaml",
-    C.ArithmeticTaskConfig: "task/arithmetic.yaml",
-    C.MathTaskConfig: "task/gsm8k.yaml",
-    C.BufferConfig: "buffer/fifo.yaml",
-    C.ScheduleConfig: "schedule/sync.yaml",
-    C.AlgoConfig: "algo/grpo.yaml",
-    C.GenerationConfig: "generation/hf.yaml generation/vllm.yaml",
-    C.EvalConfig: "eval/default.yaml",
-    C.LoggerConfig: "logger/jsonl.yaml",
-    C.ComputeConfig: "train.yaml",
-    C.CheckpointConfig: "train.yaml",
-    C.TrainConfig: "train.yaml",
-}
+def _schemas() -> list[type]:
+    """Every schema class, nested ones included."""
+    seen, todo = [], [TrainConfig, *(c for opts in OPTION_SCHEMAS.values() for c in opts.values())]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        todo += [f.default_factory for f in dataclasses.fields(cls)
+                 if f.default_factory is not dataclasses.MISSING]  # fmt: skip
+    return seen
 
 
-@pytest.mark.parametrize("schema", list(SCHEMA_FILES), ids=lambda s: s.__name__)
-def test_every_schema_field_is_documented_in_yaml(schema):
-    """A field added to a schema must appear (with its comment) in the group's YAML."""
-    keys = set()
-    for name in SCHEMA_FILES[schema].split():  # the union of the listed files
-        text = (CONF / name).read_text()
-        keys |= {key for _, key, _ in _yaml_key_lines(CONF / name)}
-        keys |= set(re.findall(r"^  - (?:optional )?(\w+):", text, flags=re.M))  # groups
-    missing = [f.name for f in dataclasses.fields(schema) if f.name not in keys]
-    assert missing == [], f"{schema.__name__} fields missing from {SCHEMA_FILES[schema]}"
+@pytest.mark.parametrize("schema", _schemas(), ids=lambda s: s.__name__)
+def test_schemas_hold_no_default_to_contradict_the_yaml(schema):
+    """One source of truth: a schema field has no value of its own (MISSING), or is a nested
+    schema; every value comes from conf/*.yaml."""
+    for f in dataclasses.fields(schema):
+        if f.default_factory is not dataclasses.MISSING:
+            assert dataclasses.is_dataclass(f.default_factory), (schema.__name__, f.name)
+        else:
+            assert f.default == MISSING, f"{schema.__name__}.{f.name} = {f.default!r}"
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_sets_exactly_its_schema_keys(group, option):
+    """The composed node of each option has a value for every field of its schema (so each is
+    documented in a YAML: test_every_yaml_key_has_a_comment_above) and no other key."""
+    if group in ("experiment", "debug", "launcher"):
+        pytest.skip("presets and launchers hold deltas of other groups")
+    node = option_defaults(group, option)
+    name_key = NAME_KEYS.get(group)
+    schemas = OPTION_SCHEMAS[group]
+    if name_key is not None:
+        schema = schemas[node[name_key]]
+    else:
+        schema = schemas["tiny"] if "warm_start" in node else next(iter(schemas.values()))
+    keys = {f.name for f in dataclasses.fields(schema)}
+    assert set(node) == keys, f"{group}={option}: {sorted(set(node) ^ keys)}"
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            nested = {g.name for g in dataclasses.fields(f.default_factory)}
+            assert set(node[f.name]) == nested, f"{group}={option}: {f.name}"
+
+
+def test_option_schemas_name_the_registered_options():
+    """OPTION_SCHEMAS lists exactly the names each registry owns."""
+    for group, registry in C.REGISTRIES.items():
+        assert sorted(OPTION_SCHEMAS[group]) == sorted(registry), group
+
+
+def test_a_renamed_node_is_refused():
+    """buffer.name=max_age on the fifo node has not max_age's keys: one line, select it."""
+    with pytest.raises(ConfigError) as err:
+        resolve(compose(["buffer.name=max_age"]))
+    assert str(err.value) == (
+        "buffer.name=max_age is not the option this node was composed from (its keys lack "
+        "max_age); select it with buffer=max_age"
+    )
 
 
 def test_yaml_is_valid():

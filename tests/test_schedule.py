@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from replay_exp.buffer import FIFOBuffer
-from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.config import compose, resolve
 from replay_exp.schedule import AsyncArrivals, SyncArrivals, WeightHistory
+from replay_exp.testing import rollout_batch
 from replay_exp.theory import async_gamma
 from replay_exp.types import RolloutBatch
 
@@ -60,15 +61,7 @@ def test_sync_arrivals_are_constant():
 
 
 def _synthetic(n: int, step: int, uid0: int) -> RolloutBatch:
-    ones = torch.ones(n, 2, dtype=torch.bool)
-    return RolloutBatch(
-        prompt_ids_BxP=torch.full((n, 2), 5), prompt_mask_BxP=ones,
-        completion_ids_BxC=torch.full((n, 2), 6), completion_mask_BxC=ones,
-        behaviour_logp_BxC=torch.zeros(n, 2), reward_B=torch.zeros(n),
-        advantage_B=torch.zeros(n), version_B=torch.full((n,), step),
-        created_step_B=torch.full((n,), step), group_id_B=torch.arange(uid0, uid0 + n),
-        uid_B=torch.arange(uid0, uid0 + n),
-    )  # fmt: skip
+    return rollout_batch(torch.full((n, 2), 5), torch.full((n, 2), 6), version=step, uid_start=uid0)
 
 
 @pytest.mark.parametrize(("W", "T"), [(6, 2), (5, 3), (4, 4)])
@@ -101,9 +94,12 @@ def test_W_over_T_equal_to_mu_reduces_to_the_baseline():
     assert [a.groups_at(t) for t in range(50)] == [8] * 50
 
 
-def test_async_rejects_a_fixed_R():
-    with pytest.raises(ConfigError, match="schedule=async derives R"):
-        resolve(compose(["schedule=async", "schedule.rollouts_per_step=16"]))
+def test_async_has_no_fixed_R():
+    """The async schedule derives R: rollouts_per_step is not one of its keys."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="rollouts_per_step"):
+        compose(["schedule=async", "schedule.rollouts_per_step=16"])
 
 
 def test_weight_history_serves_lagged_versions():

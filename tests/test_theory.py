@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from replay_exp import theory
+from replay_exp import theory, theory_cli
 from replay_exp.theory import (
     K,
     Recommendation,
@@ -22,15 +22,14 @@ from replay_exp.theory import (
     estimate_mu,
     estimate_mu_from_run,
     j_star,
-    main,
     numeric_optimum,
     objective,
     on_policy_regime,
     optimal_reuse,
-    plot_theory,
     recommend,
     sigma_bar2_from_profile,
 )
+from replay_exp.theory_cli import main, plot_theory
 
 ALPHAS = (0.05, 0.1, 0.2, 0.3, 0.45)
 RHOS = (0.05, 0.1, 0.3, 0.6, 1.0)
@@ -484,7 +483,7 @@ def test_cli_run_and_plot(tmp_path, capsys, monkeypatch):
         calls.append((out_dir, mu))
         return [tmp_path / "a.png", tmp_path / "b.csv"]
 
-    monkeypatch.setattr(theory, "plot_theory", fake_plot)
+    monkeypatch.setattr(theory_cli, "plot_theory", fake_plot)
     figs = str(tmp_path / "figs")
     main(
         ["--mu", "5.28", "--run", str(run), "--alpha", "0.1", "--rho", "0.1"]
@@ -498,7 +497,7 @@ def test_cli_run_and_plot(tmp_path, capsys, monkeypatch):
 
 def test_python_dash_m(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "replay_exp.theory", "--mu", "1", "--alpha", "0.3", "--rho", "1"]
+        [sys.executable, "-m", "replay_exp.theory_cli", "--mu", "1", "--alpha", "0.3", "--rho", "1"]
         + ["--batch-size", "64"],
         capture_output=True,
         text=True,

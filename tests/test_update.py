@@ -12,6 +12,7 @@ import torch
 from replay_exp.config import compose
 from replay_exp.models import build_char_tokenizer, build_tiny_model
 from replay_exp.models.shared_prefix import supports_prefix_sharing
+from replay_exp.testing import rollout_batch
 from replay_exp.types import RolloutBatch
 from replay_exp.update import policy_logprobs, policy_update, row_chunks
 
@@ -51,19 +52,11 @@ def batch(model) -> RolloutBatch:
     reward = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     group = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
     group_mean = torch.zeros(3).index_add(0, group, reward) / torch.bincount(group)
-    rows = RolloutBatch(
-        prompt_ids_BxP=ids,
-        prompt_mask_BxP=mask,
-        completion_ids_BxC=comp,
-        completion_mask_BxC=comp_mask,
-        behaviour_logp_BxC=torch.zeros(B, C),
-        reward_B=reward,
-        advantage_B=reward - group_mean[group],  # unnormalised, so AsymRE can use it too
-        version_B=torch.zeros(B, dtype=torch.long),
-        created_step_B=torch.zeros(B, dtype=torch.long),
-        group_id_B=group,
-        uid_B=torch.arange(B),
-    )
+    rows = rollout_batch(
+        ids, comp, prompt_mask_BxP=mask, completion_mask_BxC=comp_mask, reward=reward,
+        advantage=reward - group_mean[group],  # unnormalised, so AsymRE can use it too
+        group=group,
+    )  # fmt: skip
     # Stale behaviour log-probs: the model's own plus noise, so ratios spread around 1, some
     # tokens clip and some sequence TIS weights truncate.
     with torch.no_grad():

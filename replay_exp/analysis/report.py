@@ -175,7 +175,7 @@ def make_report(
 
     mu = runs.runs.get("compute.mu")
     if mu is not None and mu.notna().any():
-        from replay_exp.theory import plot_theory
+        from replay_exp.theory_cli import plot_theory
 
         written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
 

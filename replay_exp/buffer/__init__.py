@@ -29,7 +29,7 @@ from replay_exp.buffer.replay import PolicyBuffer
 from replay_exp.buffer.sampling import SAMPLERS, Sampler
 from replay_exp.buffer.sharded import ShardedBuffer
 from replay_exp.buffer.store import RolloutStore
-from replay_exp.config import BufferConfig
+from replay_exp.schemas import BufferConfig, build_node
 
 BUFFERS: dict[str, type[Eviction]] = {
     "on_policy": OnPolicy,  # the paper's baseline: each rollout used once, newest first
@@ -41,24 +41,26 @@ BUFFERS: dict[str, type[Eviction]] = {
 
 
 def as_spec(bcfg, **overrides) -> BufferConfig:
-    """A ``BufferConfig`` from a config node, a mapping or a BufferConfig; ``overrides`` that
-    are not None replace fields (e.g. the resolved capacity)."""
+    """The buffer option's schema instance (``BufferConfig`` or its per-option subclass) from a
+    config node, a mapping or a schema instance; keys not given take their YAML defaults
+    (``conf/buffer/<name>.yaml``); ``overrides`` that are not None replace fields (e.g. the
+    resolved capacity). An unknown name or a key the option does not have is a ValueError."""
     if dataclasses.is_dataclass(bcfg):
         d = dataclasses.asdict(bcfg)
     elif isinstance(bcfg, Mapping):
         d = dict(bcfg.items())
     else:
         raise TypeError(f"expected a buffer config node, mapping or BufferConfig, got {bcfg!r}")
-    known = {f.name for f in dataclasses.fields(BufferConfig)}
-    if set(d) - known:
-        raise ValueError(f"unknown buffer keys {sorted(set(d) - known)}; known: {sorted(known)}")
     d.update({k: v for k, v in overrides.items() if v is not None})
-    return BufferConfig(**d)
+    name = d.pop("name", None)
+    if name not in BUFFERS:
+        raise ValueError(f"buffer.name={name} is unknown; choose one of {sorted(BUFFERS)}")
+    return build_node("buffer", name, name=name, **d)
 
 
 def check_buffer_config(b) -> str | None:
     """The first problem of the buffer node ``b`` alone (schedule-independent), as a one-line
-    message naming keys and values, or None. ``resolve()`` and ``make_buffer`` both use it."""
+    message naming keys and values, or None. ``resolve()`` runs it once for the run."""
     name, sampling, N, T, K = b.name, b.sampling, b.capacity, b.shards, b.max_reuse
     if name not in BUFFERS:
         return f"buffer.name={name} is unknown; choose one of {sorted(BUFFERS)}"
@@ -81,17 +83,20 @@ def check_buffer_config(b) -> str | None:
         )
     if name == "on_policy" and K is not None:
         return f"buffer=on_policy uses each rollout once; buffer.max_reuse={K} must be null"
-    for key, owner, needed, need in [
-        ("max_age", "buffer=max_age", name == "max_age", "the age limit A (policy versions)"),
-        ("delta", "buffer=positive_bias", name == "positive_bias", "delta in [0, 1]"),
-        ("recency_tau", "buffer.sampling=recency", sampling == "recency", "tau > 0 (steps)"),
-    ]:
-        v = getattr(b, key)
-        if needed and v is None:
-            return f"buffer.{key}=null: {owner} needs {need}"
-        if not needed and v is not None:
-            got = f"buffer.sampling={sampling}" if "sampling" in owner else f"buffer={name}"
-            return f"buffer.{key}={v} is only used by {owner} (got {got}); set it to null"
+    # Eviction knobs belong to their option's schema (buffer.delta is not a key of buffer=fifo);
+    # the sampling knob recency_tau is shared, so its use is checked here.
+    tau = b.recency_tau
+    if sampling == "recency" and tau is None:
+        return "buffer.recency_tau=null: buffer.sampling=recency needs tau > 0 (steps)"
+    if sampling != "recency" and tau is not None:
+        return (
+            f"buffer.recency_tau={tau} is only used by buffer.sampling=recency (got "
+            f"buffer.sampling={sampling}); set it to null"
+        )
+    if name == "max_age" and b.max_age is None:
+        return "buffer.max_age=null: buffer=max_age needs the age limit A (policy versions)"
+    if name == "positive_bias" and b.delta is None:
+        return "buffer.delta=null: buffer=positive_bias needs delta in [0, 1]"
     if name == "max_age" and b.max_age < 0:
         return f"buffer.max_age={b.max_age} must be >= 0"
     if name == "positive_bias" and not 0 <= b.delta <= 1:
@@ -112,12 +117,11 @@ def make_buffer(
     seed: int,
 ) -> ReplayBuffer:
     """Build the buffer described by ``bcfg`` (the ``buffer`` config node, a mapping or a
-    BufferConfig). ``capacity`` (the resolved N, ``derived.capacity``) overrides
-    ``bcfg.capacity``; one of them must be set. Raises ValueError on a bad configuration."""
+    BufferConfig; keys not given take their YAML defaults). ``capacity`` (the resolved N,
+    ``derived.capacity``) overrides ``bcfg.capacity``; one of them must be set. The values are
+    validated once, by ``resolve()`` (``check_buffer_config``); code that builds a buffer from
+    its own values can call ``check_buffer_config(as_spec(...))`` first."""
     spec = as_spec(bcfg, capacity=capacity)
-    problem = check_buffer_config(spec)
-    if problem:
-        raise ValueError(problem)
     if spec.capacity is None:
         raise ValueError(
             f"buffer.capacity=null: buffer={spec.name} needs the resolved capacity N "
@@ -143,8 +147,6 @@ class FIFOBuffer(PolicyBuffer):
         self, capacity: int, max_prompt_len: int, max_completion_len: int, seed: int = 0, **spec
     ):
         spec = as_spec({"name": "fifo", "capacity": capacity, **spec})
-        if problem := check_buffer_config(spec):
-            raise ValueError(problem)
         super().__init__(
             spec, FIFO, SAMPLERS[spec.sampling], capacity=capacity,
             max_prompt_len=max_prompt_len, max_completion_len=max_completion_len, seed=seed,

@@ -11,6 +11,9 @@ from replay_exp.rollout.hf import HFGenerator
 from replay_exp.rollout.vllm_engine import VLLMGenerator  # imports vllm only when built
 
 BACKENDS: dict[str, type[Generator]] = {"hf": HFGenerator, "vllm": VLLMGenerator}
+# Values of generation.behaviour_logp: whose log-probs are stored with a rollout (the
+# generator's own, or recomputed by the trainer's forward, rollout.collect).
+BEHAVIOUR_LOGP_SOURCES = ("engine", "trainer")
 
 
 def make_generator(

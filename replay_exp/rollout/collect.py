@@ -8,10 +8,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from replay_exp.algo import group_advantages
+from replay_exp.models.forward import policy_logprobs
 from replay_exp.rollout.base import Generation, Generator, SamplingParams
 from replay_exp.tasks import Problem, Task
 from replay_exp.types import RolloutBatch
-from replay_exp.update import policy_logprobs
 
 
 def chat_prompts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ import torch
 
 from replay_exp.algo import asymre_loss, grpo_loss
 from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.testing import rollout_batch
 from replay_exp.types import RolloutBatch
 from replay_exp.update import policy_logprobs, policy_update
 
@@ -19,10 +20,6 @@ BAD_ALGO = [
     (["algo.tis_cap=0"], "algo.tis_cap=0.0 must be > 0 (or null for no truncated IS)"),
     (["algo.tis_cap=-1.5"], "algo.tis_cap=-1.5 must be > 0 (or null for no truncated IS)"),
     (["algo.tis_level=seq"], "algo.tis_level=seq is unknown; choose one of ['sequence', 'token']"),
-    (
-        ["algo=asymre", "algo.tis_cap=2"],
-        "algo.tis_cap=2.0 needs algo.name=grpo; asymre has no ratio",
-    ),
     (
         ["algo=asymre", "algo.adv_normalize_std=true"],
         "algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)",
@@ -53,13 +50,18 @@ def test_good_algo_config(overrides):
     assert cfg.algo.name in ("asymre", "grpo")
 
 
-def test_asymre_yaml_holds_only_the_delta():
+def test_asymre_and_grpo_share_their_base_and_own_their_knobs():
+    from hydra.errors import ConfigCompositionException
+
     a = resolve(compose(["algo=asymre"]))[0].algo
     g = resolve(compose([]))[0].algo
     assert (a.name, a.adv_normalize_std, a.asymre_dv) == ("asymre", False, -0.1)
-    differ = {k for k in g if g[k] != a[k]}
-    assert differ == {"name", "adv_normalize_std"}
     assert g.tis_cap is None and g.tis_level == "token"
+    shared = set(a) & set(g)
+    assert {k for k in shared if g[k] != a[k]} == {"name", "adv_normalize_std"}
+    assert set(a) - shared == {"asymre_dv"} and set(g) - shared == {"tis_cap", "tis_level"}
+    with pytest.raises(ConfigCompositionException, match="tis_cap"):
+        compose(["algo=asymre", "algo.tis_cap=2"])  # no importance ratio, so no TIS
 
 
 # ---------------------------------------------------------------- update dispatch
@@ -80,21 +82,16 @@ class _TinyLM(torch.nn.Module):
 
 def _batch(behaviour_shift: float = 0.0) -> RolloutBatch:
     # 2 prompts x G=2; rewards [1, 0 | 1, 1] -> unnormalised A [0.5, -0.5 | 0, 0]
-    B = 4
-    return RolloutBatch(
-        prompt_ids_BxP=torch.tensor([[0, 1], [0, 1], [2, 3], [2, 3]]),
-        prompt_mask_BxP=torch.ones(B, 2, dtype=torch.bool),
-        completion_ids_BxC=torch.tensor([[4, 2, 0], [3, 0, 0], [1, 1, 4], [2, 4, 0]]),
+    return rollout_batch(
+        [[0, 1], [0, 1], [2, 3], [2, 3]],
+        [[4, 2, 0], [3, 0, 0], [1, 1, 4], [2, 4, 0]],
         completion_mask_BxC=torch.tensor(
             [[True, True, False], [True, False, False], [True, True, True], [True, True, False]]
         ),
-        behaviour_logp_BxC=torch.full((B, 3), -1.6 + behaviour_shift),
-        reward_B=torch.tensor([1.0, 0.0, 1.0, 1.0]),
-        advantage_B=torch.tensor([0.5, -0.5, 0.0, 0.0]),
-        version_B=torch.zeros(B, dtype=torch.long),
-        created_step_B=torch.zeros(B, dtype=torch.long),
-        group_id_B=torch.tensor([0, 0, 1, 1]),
-        uid_B=torch.arange(B),
+        behaviour_logp_BxC=torch.full((4, 3), -1.6 + behaviour_shift),
+        reward=[1.0, 0.0, 1.0, 1.0],
+        advantage=[0.5, -0.5, 0.0, 0.0],
+        group=[0, 0, 1, 1],
     )
 
 

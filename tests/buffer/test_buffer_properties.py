@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay_exp.buffer import BUFFERS, PRIORITIES, SAMPLERS, EmptyBufferError, make_buffer
+from replay_exp.testing import rollout_batch
 from replay_exp.types import RolloutBatch
 
 COMBOS = [
@@ -74,20 +75,16 @@ def arrivals(steps, seed: int) -> list[RolloutBatch | None]:
         r = reward.reshape(groups, G)
         adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)).ravel()
         uids = torch.arange(uid, uid + n)
-        ones = torch.ones(n, 1, dtype=torch.bool)
         out.append(
-            RolloutBatch(
-                prompt_ids_BxP=uids.view(n, 1),
-                prompt_mask_BxP=ones,
-                completion_ids_BxC=uids.view(n, 1) + 1,
-                completion_mask_BxC=ones,
-                behaviour_logp_BxC=torch.zeros(n, 1),
-                reward_B=torch.from_numpy(reward),
-                advantage_B=torch.from_numpy(adv.astype(np.float32)),
-                version_B=torch.full((n,), t - lag),
-                created_step_B=torch.full((n,), t),
-                group_id_B=uids // G,
-                uid_B=uids,
+            rollout_batch(
+                uids.view(n, 1),
+                uids.view(n, 1) + 1,
+                reward=torch.from_numpy(reward),
+                advantage=torch.from_numpy(adv.astype(np.float32)),
+                version=t - lag,
+                created_step=t,
+                group=uids // G,
+                uid=uids,
             )  # fmt: skip
         )
         uid += n

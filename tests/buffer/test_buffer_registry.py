@@ -24,7 +24,7 @@ from replay_exp.buffer.max_age import MaxAge
 from replay_exp.buffer.on_policy import OnPolicy
 from replay_exp.buffer.positive_bias import PositiveBias
 from replay_exp.buffer.priority import Priority
-from replay_exp.config import BufferConfig
+from replay_exp.schemas import build_node
 from replay_exp.types import RolloutBatch
 
 # every valid (eviction, sampling) pair with the extra keys it needs
@@ -65,7 +65,9 @@ def test_registry():
 
 def test_make_buffer_from_config_forms():
     kw = dict(max_prompt_len=4, max_completion_len=4, seed=0)
-    node = BufferConfig(name="fifo", capacity=12, sampling="never_used_first", max_reuse=3)
+    # The option's schema with its YAML defaults (the only defaults there are) under the values.
+    node = build_node("buffer", "fifo", capacity=12, sampling="never_used_first", max_reuse=3)
+    assert node.shards == 1 and node.priority == "abs_advantage"  # from conf/buffer/_base.yaml
     for bcfg in (node, {"name": "fifo", "capacity": 12, "sampling": "never_used_first",
                         "max_reuse": 3}):  # fmt: skip
         buf = make_buffer(bcfg, **kw)
@@ -74,12 +76,15 @@ def test_make_buffer_from_config_forms():
     sharded = make_buffer({"name": "fifo", "capacity": 12, "shards": 3}, **kw)
     assert isinstance(sharded, ShardedBuffer)
     assert [b.store.capacity for b in sharded.shards] == [4, 4, 4]
+    assert make_buffer({"name": "fifo"}, **kw).store.capacity == 256  # conf/buffer/fifo.yaml
     with pytest.raises(ValueError, match="capacity=null"):
-        make_buffer({"name": "fifo"}, **kw)
-    with pytest.raises(ValueError, match="unknown buffer keys"):
+        make_buffer({"name": "on_policy"}, **kw)  # its YAML leaves N to resolve()
+    with pytest.raises(ValueError, match=r"buffer=fifo has no key buffer.capcity"):
         make_buffer({"name": "fifo", "capacity": 4, "capcity": 5}, **kw)
-    with pytest.raises(ValueError, match="buffer.delta=0.5 is only used by"):
+    # An eviction knob belongs to its option: buffer=fifo has no delta.
+    with pytest.raises(ValueError, match=r"buffer=fifo has no key buffer.delta"):
         make_buffer({"name": "fifo", "capacity": 4, "delta": 0.5}, **kw)
+    assert make_buffer({"name": "positive_bias", "capacity": 4}, **kw).eviction.n_correct == 2
     # the shorthands build the same policies
     assert type(FIFOBuffer(8, 2, 2).eviction) is FIFO
     assert type(OnPolicyBuffer(8, 2, 2).eviction) is OnPolicy

@@ -22,7 +22,7 @@ from replay_exp.models.warm_start import (
 from replay_exp.rollout import HFGenerator
 from replay_exp.tasks import make_task
 
-# python -m replay_exp.models.warm_start prints this when it rebuilds the shipped copy.
+# python -m replay_exp.models.ship_warm_start prints this when it rebuilds the shipped copy.
 SHIPPED_SHA256 = "7f5b698db862405a0b39aa18d3b401f021710899662a82bb70ee58ec4d1eb068"
 # Greedy pass@1 of the shipped model on the default held-out split (task.n_eval problems).
 STEP0_CORRECT, STEP0_PROBLEMS = 446, 2048

@@ -304,13 +304,13 @@ def real(tmp_path_factory):
 
 
 def _batch(real, gen_out):
-    from replay_exp.types import RolloutBatch
+    from replay_exp.testing import rollout_batch
 
-    B = real.ids.shape[0]
-    zeros, longs = torch.zeros(B), torch.zeros(B, dtype=torch.long)
-    return RolloutBatch(
-        real.ids, real.mask, gen_out.completion_ids_BxC, gen_out.completion_mask_BxC,
-        gen_out.behaviour_logp_BxC, zeros, torch.randn(B), longs, longs, longs, torch.arange(B),
+    return rollout_batch(
+        real.ids, gen_out.completion_ids_BxC, prompt_mask_BxP=real.mask,
+        completion_mask_BxC=gen_out.completion_mask_BxC,
+        behaviour_logp_BxC=gen_out.behaviour_logp_BxC, advantage=torch.randn(real.ids.shape[0]),
+        group=0,
     )  # fmt: skip
 
 
