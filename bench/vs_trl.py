@@ -264,7 +264,7 @@ def run_ours(variant: str, steps: int, threads: int) -> dict[str, Any]:
         (train, "policy_update", "training", "update (other)"),
         (update, "policy_logprobs", "training", "forward (logits + logp)"),
         (update, "grpo_loss", "training", "loss"),
-        (train, "_step_metrics", "logging", "metrics row"),
+        (train, "step_metrics", "logging", "metrics row"),
     ]:
         timer.wrap_method(owner, attr, group, name)
     gen_rollouts = collect.generate_rollouts

@@ -304,7 +304,7 @@ def _train(
             row: dict[str, Any] = {}
             if log_due(version) or version == d.total_steps:
                 row = {"step": version, "policy/version": version}
-                row.update(_step_metrics(fresh, batch, stats, buffer, generator))
+                row.update(step_metrics(fresh, batch, stats, buffer, generator))
                 row.update(_prefixed("generation", logp_stats))
             if eval_due(x_before, eval_x()) or version == d.total_steps:
                 last_eval = run_eval(version)
@@ -369,7 +369,7 @@ def write_telemetry(run_dir: Path, step: int, buffer, logger=None) -> None:
         logger.log_histograms(step, telemetry)
 
 
-def _step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
+def step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
     """The training row of one step (``fresh`` is None when no rollout arrived)."""
     nan = float("nan")
     return {

@@ -68,13 +68,7 @@ def policy_update(
     ``clip_frac*`` (and ``tis_*`` when ``algo.tis_cap`` is set), AsymRE ``coef_mean`` /
     ``coef_pos_frac``; ``kl_ref`` when ``algo.kl_coef > 0``.
     """
-    if algo.name not in ALGO_NAMES:
-        raise ValueError(f"algo.name={algo.name} is unknown; choose one of {list(ALGO_NAMES)}")
-    if algo.name == "asymre" and algo.adv_normalize_std:
-        raise ValueError(
-            "algo.name=asymre recovers V_hat = reward - advantage, which needs "
-            "algo.adv_normalize_std=false"
-        )
+    # ``algo`` was validated once, by resolve(); only what the caller must pass is checked here.
     if algo.kl_coef > 0 and ref_model is None:
         raise ValueError(f"algo.kl_coef={algo.kl_coef} > 0 needs a reference model")
     policy.train()
@@ -140,6 +134,8 @@ def _loss(
     device = logp_BxC.device
     mask_BxC = batch.completion_mask_BxC.to(device)
     behaviour_BxC = batch.behaviour_logp_BxC.to(device)
+    if algo.name not in ALGO_NAMES:  # a programming error (resolve() rejects unknown names)
+        raise KeyError(f"algo.name={algo.name}: no such loss; the losses: {list(ALGO_NAMES)}")
     if algo.name == "asymre":
         # V_hat (group-mean reward at generation time) = r - A for unnormalised advantages.
         reward_B = batch.reward_B.to(device)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from replay_exp import config as C
 from replay_exp.config import ConfigError, compose, resolve
@@ -319,3 +319,70 @@ def test_unknown_key_fails_at_compose_time():
 
     with pytest.raises(ConfigCompositionException):
         compose(["buffer.capcity=5"])
+
+
+# --- the pure derivations of resolve(), with numbers ---------------------------------------
+
+SYNC = {"name": "sync", "batch_size": 64, "rollouts_per_step": None, "reuse_ratio": None,
+        "sync_every": 1, "sync_lag": 0, "max_steps": None, "max_rollouts": None,
+        "max_compute": None}  # fmt: skip
+ASYNC = {**{k: v for k, v in SYNC.items() if k not in ("rollouts_per_step", "reuse_ratio")},
+         "name": "async", "workers": None, "trainers": 2, "gpus": 8}  # fmt: skip
+
+
+def _node(d, **kw):
+    return OmegaConf.create({**d, **kw})
+
+
+def test_derive_rollouts():
+    # sync: neither R nor y -> R = B; y = 4 -> R = 64 / 4 = 16.
+    assert C.derive_rollouts(_node(SYNC), 8, 1.0) == (64, 64, None, None)
+    assert C.derive_rollouts(_node(SYNC, reuse_ratio=4), 8, 1.0) == (16, 16, None, None)
+    # async (6, 2) at mu = 6.84: R = B W / (mu T) = 64 * 6 / 13.68 = 28.07; the most a step
+    # brings is whole groups of 8 covering it: 32.
+    rate, R_max, W, T = C.derive_rollouts(_node(ASYNC), 8, 6.84)
+    assert (R_max, W, T) == (32, 6, 2)
+    assert rate == pytest.approx(28.0701754)
+    # (4, 4) at mu = 6.84: R = 64 * 4 / 27.36 = 9.357, R_max = 16.
+    rate, R_max, W, _ = C.derive_rollouts(_node(ASYNC, trainers=4), 8, 6.84)
+    assert (R_max, W) == (16, 4)
+    assert rate == pytest.approx(9.3567251)
+    with pytest.raises(ConfigError, match="not a multiple of algo.group_size=8"):
+        C.derive_rollouts(_node(SYNC, rollouts_per_step=12), 8, 1.0)
+
+
+def test_derive_capacity():
+    sync16 = _node(SYNC, reuse_ratio=4)
+    arr = C.derive_rollouts(sync16, 8, 1.0)
+    buf = {"capacity": None, "shards": 1}
+    # max_age A = 3 without a capacity: (A + 1) R = 4 * 16 = 64.
+    assert C.derive_capacity(_node(buf, name="max_age", max_age=3), sync16, arr, 8) == 64
+    # A = 7, R = 8, 3 shards (B = 63): (A + 1) R = 64 rounded up to a multiple of 3: 66.
+    b, s = (
+        _node(buf, name="max_age", max_age=7, shards=3),
+        _node(SYNC, batch_size=63, rollouts_per_step=8),
+    )
+    assert C.derive_capacity(b, s, C.derive_rollouts(s, 8, 1.0), 8) == 66
+    # on_policy: N = B.
+    on = _node(SYNC)
+    assert (
+        C.derive_capacity(_node(buf, name="on_policy"), on, C.derive_rollouts(on, 8, 1.0), 8) == 64
+    )
+    with pytest.raises(ConfigError, match="buffer.capacity=32 is smaller than"):
+        C.derive_capacity(_node(buf, name="fifo", capacity=32), on, C.derive_rollouts(on, 8, 1), 8)
+
+
+def test_units_per_step_and_steps():
+    # sync y = 4 at mu = 6.84: (B + mu R) / (B (1 + mu)) = (64 + 109.44) / 501.76 = 0.345663.
+    s = _node(SYNC, reuse_ratio=4, max_compute=100)
+    units = C.units_per_step(s, 16, 6.84)
+    assert units == pytest.approx(0.3456632653)
+    assert C.derive_steps(s, 16, units) == 289  # floor(100 / 0.345663)
+    # async (6, 2): gamma = (1 + 3) / 7.84 = 0.510204; 100 units -> 196 steps.
+    a = _node(ASYNC, workers=6, max_compute=100)
+    assert C.units_per_step(a, 28.07, 6.84) == pytest.approx(0.5102040816)
+    assert C.derive_steps(a, 28.07, C.units_per_step(a, 28.07, 6.84)) == 196
+    # rollouts budget: whole steps of R.
+    assert C.derive_steps(_node(SYNC, max_rollouts=1000), 64, 1.0) == 15
+    with pytest.raises(ConfigError, match="exactly one budget"):
+        C.derive_steps(_node(SYNC, max_steps=3, max_rollouts=10), 64, 1.0)

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from replay_exp.costmodel import workers_of
+
 BUFFER_NAMES = {
     "fifo": "FIFO",
     "on_policy": "on-policy",
@@ -23,12 +25,15 @@ def _num(v: Any) -> str:
     return f"{v:g}" if isinstance(v, int | float) else str(v)
 
 
-def _split(cfg: dict[str, Any]) -> str:
+def split_label(cfg: dict[str, Any]) -> str:
+    """(W,T) of an async run: the split resolve() derived (``derived.workers``), else from the
+    schedule keys (a config.yaml written before the split was recorded)."""
     trainers = cfg.get("schedule.trainers")
-    workers = cfg.get("schedule.workers")
-    gpus = cfg.get("schedule.gpus", 8)
+    workers = cfg.get("derived.workers")
+    if workers is None or (isinstance(workers, float) and math.isnan(workers)):
+        workers = cfg.get("schedule.workers")
     if workers is None and trainers is not None:
-        workers = gpus - trainers
+        workers = workers_of(cfg.get("schedule.gpus", 8), trainers)
     return f"({_num(workers)},{_num(trainers)})"
 
 
@@ -44,7 +49,7 @@ _PARTS: list[tuple[tuple[str, ...], Callable[[dict[str, Any]], str]]] = [
     (("buffer.name",), lambda c: BUFFER_NAMES.get(c.get("buffer.name"), str(c.get("buffer.name")))),
     (("buffer.capacity",), lambda c: f"N={_num(c.get('buffer.capacity'))}"),
     (("schedule.reuse_ratio", "schedule.rollouts_per_step"), _reuse),
-    (("schedule.workers", "schedule.trainers", "schedule.gpus"), _split),
+    (("schedule.workers", "schedule.trainers", "schedule.gpus"), split_label),
     (("buffer.delta",), lambda c: f"δ={_num(c.get('buffer.delta'))}"),
     (("buffer.sampling",), lambda c: str(c.get("buffer.sampling")).replace("_", "-")),
     (("buffer.max_reuse",), lambda c: f"max reuse {_num(c.get('buffer.max_reuse'))}"),

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from replay_exp.analysis.curves import X_AXES, aggregate, target_table, x_label
-from replay_exp.analysis.labels import config_label
+from replay_exp.analysis.labels import config_label, split_label
 from replay_exp.analysis.loader import Runs, load_runs
 from replay_exp.analysis.plots import (
     plot_curves,
@@ -155,10 +155,7 @@ def make_report(
         best_table = best_table[best_table["label"] != base]
         meta = runs.runs.drop_duplicates("config").set_index("config")
         if SPLIT in axes:
-            gpus = meta.get("schedule.gpus", pd.Series(8, index=meta.index))
-            workers = meta["schedule.workers"].fillna(gpus - meta["schedule.trainers"])
-            trainers = meta["schedule.trainers"]
-            meta[SPLIT] = [f"({w:.0f},{t:.0f})" for w, t in zip(workers, trainers, strict=True)]
+            meta[SPLIT] = [split_label(row) for row in meta.to_dict("records")]
         for key in axes:
             best_table[key] = best_table["config"].map(meta[key])
         labels = {"buffer.capacity": "buffer size N", SPLIT: "(W, T): inference, trainers"}
