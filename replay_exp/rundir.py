@@ -217,10 +217,14 @@ def _zombie(pid: int) -> bool:
 
 
 def _busy(run_dir: Path, owner: dict[str, Any]) -> RunDirBusy:
+    lock = run_dir / LOCK_FILE
+    if owner.get("host") != socket.gethostname():  # its process cannot be checked from here
+        how = f"if that run is gone, delete {lock}"
+    else:
+        how = f"a lock left by a process that is gone is taken over: {lock}"
     return RunDirBusy(
         f"run_dir={run_dir} is in use by process {owner.get('pid')} on {owner.get('host')} "
-        f"(since {owner.get('since')}); wait for it to end or choose another run_dir "
-        f"(a lock left by a process that is gone is taken over: {run_dir / LOCK_FILE})"
+        f"(since {owner.get('since')}); wait for it to end or choose another run_dir ({how})"
     )
 
 

@@ -115,3 +115,8 @@ def test_the_same_slurm_job_takes_over_its_earlier_attempt(tmp_path, monkeypatch
     assert lock_holder(tmp_path) is None
     monkeypatch.setenv("SLURM_JOB_ID", "4243")
     assert lock_holder(tmp_path)["host"] == "another-node"  # another job elsewhere: held
+    with (
+        pytest.raises(RunDirBusy, match=r"if that run is gone, delete .*\.lock"),
+        RunLock(tmp_path),
+    ):
+        pass
