@@ -34,7 +34,6 @@ than they should be; the report says so.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ import pandas as pd
 
 from replay_exp.analysis.curves import compute_to_target, x_column
 from replay_exp.evaluate import decode_details, pass_at_k
+from replay_exp.logging import read_metrics
 
 STATS = ("final", "peak", "saving")
 VERDICTS = ("better", "worse", "not separable")
@@ -77,18 +77,11 @@ def per_problem_values(row: dict, metric: str) -> np.ndarray | None:
 
 
 def read_details(run_dir: str | Path) -> list[dict]:
-    """The rows of a run's ``eval_details.jsonl`` ([] if it has none); a truncated last line
-    (a run killed mid-write) is skipped."""
+    """The rows of a run's ``eval_details.jsonl`` ([] if it has none), read like
+    metrics.jsonl (``replay_exp.logging.read_metrics``: a truncated line is skipped with a
+    warning)."""
     path = Path(run_dir) / "eval_details.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_metrics(path) if path.is_file() else []
 
 
 def run_matrix(
