@@ -5,13 +5,19 @@ training."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from replay_exp.analysis import from_records, load_runs
-from replay_exp.analysis.wandb_runs import read_offline_run, wandb_offline_records, wandb_records
+from replay_exp.analysis.wandb_runs import (
+    log_records,
+    read_offline_run,
+    wandb_offline_records,
+    wandb_records,
+)
 from replay_exp.config import compose, resolve
 from replay_exp.logging import read_metrics, wandb_run_id
 from replay_exp.train import run
@@ -37,7 +43,16 @@ def _run(fast, run_dir, *extra):
 
 
 def _read_offline_run(run_dir: Path):
+    """The offline run, once its transaction log is complete: wandb-core writes the log in its
+    own process, and ``run.finish()`` may return before the last records reach the file (seen
+    once under load: no history yet). Its last record is then "exit"."""
     (wandb_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kinds = [r.WhichOneof("record_type") for r in log_records(wandb_file)]
+        if kinds and kinds[-1] == "exit":
+            break
+        time.sleep(0.1)
     return read_offline_run(wandb_file)
 
 

@@ -49,7 +49,7 @@ def wandb_records(project: str, filters: dict | None = None, api: Any = None) ->
     return records
 
 
-def _log_records(path: Path) -> Iterator[Any]:
+def log_records(path: Path) -> Iterator[Any]:
     """The protobuf records of a ``run-<id>.wandb`` transaction log: a 7-byte file header
     (':W&B', magic, version), then LevelDB-log style chunks (crc32, length, type) in 32 KiB
     blocks; FULL=1 or FIRST=2, MIDDLE=3, LAST=4 pieces of one record."""
@@ -77,7 +77,7 @@ def read_offline_run(wandb_file: str | Path) -> tuple[dict[int, dict], dict, dic
     history: dict[int, dict] = {}
     config: dict[str, Any] = {}
     summary: dict[str, Any] = {}
-    for r in _log_records(Path(wandb_file)):
+    for r in log_records(Path(wandb_file)):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
