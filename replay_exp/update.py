@@ -39,7 +39,7 @@ from replay_exp.algo.diagnostics import update_diagnostics
 from replay_exp.models.forward import micro_batch, policy_logprobs, row_chunks
 from replay_exp.types import RolloutBatch
 
-__all__ = ["micro_batch", "policy_logprobs", "policy_update", "row_chunks"]
+__all__ = ["batch_loss", "micro_batch", "policy_logprobs", "policy_update", "row_chunks"]
 
 
 def policy_update(
@@ -92,7 +92,7 @@ def policy_update(
             with torch.no_grad():
                 ref_mxc, _ = policy_logprobs(ref_model, micro, temperature)
             ref_logp_BxC[rows, : ref_mxc.shape[1]] = ref_mxc
-        loss, stats = _loss(algo, micro, logp_mxc, ref_mxc, norm_len, denom)
+        loss, stats = batch_loss(algo, micro, logp_mxc, ref_mxc, norm_len, denom)
         loss.backward()
         logp_BxC[rows, : logp_mxc.shape[1]] = logp_mxc.detach()
         entropy_BxC[rows, : entropy_mxc.shape[1]] = entropy_mxc
@@ -102,7 +102,7 @@ def policy_update(
 
     if len(chunks) > 1:  # one micro-batch's stats are partial: recompute on the whole batch
         with torch.no_grad():
-            loss, stats = _loss(algo, batch, logp_BxC, ref_logp_BxC, norm_len, denom)
+            loss, stats = batch_loss(algo, batch, logp_BxC, ref_logp_BxC, norm_len, denom)
     stats["loss"] = float(loss.detach())
     stats["grad_norm"] = float(grad_norm)
     stats["entropy"] = float(masked_mean(entropy_BxC, mask_BxC))
@@ -121,7 +121,7 @@ def policy_update(
     return stats
 
 
-def _loss(
+def batch_loss(
     algo: Any,
     batch: RolloutBatch,
     logp_BxC: torch.Tensor,

@@ -14,6 +14,7 @@ median), with the spread over seeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import warnings
@@ -79,6 +80,29 @@ def families(runs: Runs) -> tuple[dict[str, str], str | None]:
     return fam, "on-policy" if "on-policy" in fam.values() else None
 
 
+def best_over(runs: Runs, key: str, metric: str, x: str) -> Runs:
+    """Only the best value of ``key`` (e.g. ``algo.lr``) of every configuration family (the
+    configuration without ``key``): the one with the highest peak median ``metric``, the same
+    rule that picks the baseline among several on-policy configurations."""
+    if key not in runs.runs:
+        keys = ", ".join(runs.config_keys)
+        raise ReportError(f"--best-over {key}: no run sets it (keys that vary: {keys})")
+    others = [k for k in runs.config_keys if k != key]
+    table = runs.runs.drop_duplicates("label")
+    family = {r["label"]: config_label(r.to_dict(), others) for _, r in table.iterrows()}
+    peaks = aggregate(runs.steps, x, metric).groupby("label")["median"].max()
+    best: dict[str, str] = {}
+    for label, fam in family.items():
+        if fam not in best or peaks[label] > peaks[best[fam]]:
+            best[fam] = label
+    keep = set(best.values())
+    return dataclasses.replace(
+        runs,
+        runs=runs.runs[runs.runs["label"].isin(keep)],
+        steps=runs.steps[runs.steps["label"].isin(keep)],
+    )
+
+
 def heatmap_axes(runs: Runs) -> tuple[str, str] | None:
     """(row key, column key) of a heatmap over the replay configurations (the baseline has
     no N): N x (W, T) as in the paper when both vary, else the two keys that vary when exactly
@@ -109,12 +133,17 @@ def make_report(
     out: Path | None = None,
     logx: bool = False,
     n_boot: int = 2000,
+    best_over_key: str | None = None,
 ) -> tuple[Path, list[Path]]:
-    """Write the report of the runs under ``paths``; returns (summary.md, all files)."""
+    """Write the report of the runs under ``paths``; returns (summary.md, all files).
+    ``best_over_key``: report only each configuration's best value of that key
+    (:func:`best_over`), e.g. every arm at its best learning rate."""
     runs = load_runs(paths, metric=metric, x=x)
-    steps = runs.steps
-    if steps.empty or metric not in steps:
+    if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
+    if best_over_key is not None:
+        runs = best_over(runs, best_over_key, metric, x)
+    steps = runs.steps
     out = Path(out) if out is not None else Path(paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
     base = baseline_label(runs, metric, x)
@@ -177,9 +206,12 @@ def make_report(
         written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
 
     summary = out / "summary.md"
-    summary.write_text(
-        _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
-    )
+    text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
+    if best_over_key is not None:
+        head, _, rest = text.partition("\n\n")
+        text = (f"{head}\n\nEvery configuration at its best `{best_over_key}` (highest peak "
+                f"median) only: `--best-over {best_over_key}`.\n\n{rest}")  # fmt: skip
+    summary.write_text(text)
     return summary, [summary, *written]
 
 
@@ -321,6 +353,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
     p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (stats.csv)")
+    p.add_argument(
+        "--best-over",
+        default=None,
+        metavar="KEY",
+        help="keep each configuration's best value of KEY only (e.g. algo.lr)",
+    )
     args = p.parse_args(argv)
     try:
         if not 0 < args.frac <= 1:
@@ -335,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.out,
                 args.logx,
                 args.n_boot,
+                args.best_over,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

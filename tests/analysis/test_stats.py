@@ -122,12 +122,14 @@ def test_details_round_trip():
 # --- Through the CLI: hand-made run directories -------------------------------------------------
 
 
-def _write_run(root, name, buffer, seed, correct_by_step, units_per_step):
+def _write_run(root, name, buffer, seed, correct_by_step, units_per_step, lr=None):
     """A finished run directory: config.yaml, metrics.jsonl (eval rows) and
     eval_details.jsonl with the given per-problem correctness at each evaluated step."""
     d = root / name
     d.mkdir(parents=True)
     cfg = {"seed": seed, "buffer": {"name": buffer}, "compute": {"mu": 6.84}}
+    if lr is not None:
+        cfg["algo"] = {"lr": lr}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     with open(d / "metrics.jsonl", "w") as m, open(d / "eval_details.jsonl", "w") as e:
         for step, correct in correct_by_step.items():
@@ -184,3 +186,33 @@ def test_report_prints_intervals_and_verdicts(two_arm_sweep, tmp_path):
     line = [ln for ln in text.splitlines() if ln.startswith("| FIFO")][-1]  # the stats table
     assert "| +0.100 [" in line and "| better |" in line
     assert "+0.100 +0.100 +0.100" in line  # per-seed final differences
+
+
+def test_best_over_keeps_each_arms_best_learning_rate(tmp_path):
+    """Two arms x two learning rates: on-policy is best at lr 1e-4, FIFO at 3e-5; the report
+    keeps those two and compares them."""
+    from replay_exp.analysis.loader import load_runs
+    from replay_exp.analysis.report import best_over, make_report
+
+    root = tmp_path / "sweep"
+    peaks = {("on_policy", 3e-5): 70, ("on_policy", 1e-4): 90, ("fifo", 3e-5): 120,
+             ("fifo", 1e-4): 100}  # fmt: skip
+    for (buffer, lr), top in peaks.items():
+        for seed in range(2):
+            correct = {}
+            for step, n in zip((0, 10, 20), (60, (60 + top) // 2, top), strict=True):
+                c = np.zeros(200, dtype=bool)
+                c[:n] = True
+                correct[step] = c
+            _write_run(root, f"buffer.name={buffer},algo.lr={lr},seed={seed}", buffer, seed,
+                       correct, 1.0, lr=lr)  # fmt: skip
+    runs = best_over(load_runs([root]), "algo.lr", "eval/pass@1", "compute")
+    kept = runs.runs.drop_duplicates("label")[["buffer.name", "algo.lr"]]
+    assert sorted(map(tuple, kept.to_numpy().tolist())) == [("fifo", 3e-5), ("on_policy", 1e-4)]
+    assert set(runs.steps["label"]) == set(runs.runs["label"])
+    out = tmp_path / "report"
+    make_report([root], out=out, n_boot=200, best_over_key="algo.lr")
+    stats = pd.read_csv(out / "stats.csv")
+    assert len(stats) == 1 and stats.iloc[0]["final"] == pytest.approx(0.15)
+    with pytest.raises(ValueError, match="--best-over schedule.trainers"):
+        best_over(load_runs([root]), "schedule.trainers", "eval/pass@1", "compute")
