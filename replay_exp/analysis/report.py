@@ -317,7 +317,8 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
     ]
     header = (
         "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
-        f"| verdict | {x} saving [95 % CI] | verdict | per-seed final diffs |"
+        f"| verdict | {x} saving [95 % CI] | verdict | stability [95 % CI] | verdict "
+        "| per-seed final diffs |"
     )
     lines += [header, _rule(header)]
     for _, r in stats.iterrows():
@@ -329,7 +330,9 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
             f"[{_signed(r['final_lo'])}, {_signed(r['final_hi'])}] | {r['final_verdict']} | "
             f"{_signed(r['peak'])} [{_signed(r['peak_lo'])}, {_signed(r['peak_hi'])}] | "
             f"{r['peak_verdict']} | {_pct(r['saving'])} [{_pct(r['saving_lo'])}, "
-            f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {per_seed} |"
+            f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_signed(r['stability'])} "
+            f"[{_signed(r['stability_lo'])}, {_signed(r['stability_hi'])}] | "
+            f"{r['stability_verdict']} | {per_seed} |"
         )
     return lines
 

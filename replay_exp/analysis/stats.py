@@ -9,7 +9,12 @@ or rollouts), this module estimates three differences and their 95 % intervals:
   re-taken in every bootstrap replicate, so the interval includes the selection of the peak);
 - **saving**: ``1 - x_config / x_baseline`` where each x is the compute the seed-mean curve needs
   to reach ``frac`` x the baseline's peak (``replay_exp.analysis.curves.compute_to_target``;
-  a configuration that never gets there saves ``-inf``).
+  a configuration that never gets there saves ``-inf``);
+- **stability**: the baseline's mean drawdown minus the configuration's, where a run's drawdown
+  is the largest drop of its curve below its own running peak (``max_k (max_{k' <= k} p[k'] -
+  p[k])``), averaged over seeds: positive = the configuration loses less of what it gained
+  ("slow but stable"). Evaluation noise alone gives a flat curve a drawdown of a few SE, on
+  both arms alike.
 
 How (``compare``):
 
@@ -45,7 +50,7 @@ from replay_exp.analysis.curves import compute_to_target, x_column
 from replay_exp.evaluate import decode_details, pass_at_k
 from replay_exp.logging import read_metrics
 
-STATS = ("final", "peak", "saving")
+STATS = ("final", "peak", "saving", "stability")
 VERDICTS = ("better", "worse", "not separable")
 
 
@@ -150,10 +155,23 @@ def build_arms(
     return grid, arms
 
 
+def mean_drawdown(per_seed: np.ndarray, seed_w: np.ndarray) -> np.ndarray:
+    """Seed-weighted mean of each seed's largest drop below its running peak: curves
+    [S, K, R] (seed, grid point, replicate), seed weights [S, R] -> [R]."""
+    dd = (np.maximum.accumulate(per_seed, axis=1) - per_seed).max(axis=1)
+    return (dd * seed_w).sum(0) / seed_w.sum(0)
+
+
 def _statistics(
-    grid: np.ndarray, m_arm: np.ndarray, m_base: np.ndarray, frac: float
+    grid: np.ndarray,
+    m_arm: np.ndarray,
+    m_base: np.ndarray,
+    frac: float,
+    dd_arm: np.ndarray,
+    dd_base: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """final / peak differences and the saving, for curves [K, R] (R replicates)."""
+    """final / peak differences, the saving and the stability, for curves [K, R] (R
+    replicates) and mean drawdowns [R]."""
     target = frac * m_base.max(axis=0)
     x_arm = np.array([compute_to_target(grid, m_arm[:, r], target[r]) for r in range(len(target))])
     x_base = np.array(
@@ -165,6 +183,7 @@ def _statistics(
         "final": m_arm[-1] - m_base[-1],
         "peak": m_arm.max(axis=0) - m_base.max(axis=0),
         "saving": saving,
+        "stability": dd_base - dd_arm,
         "x_arm": x_arm,
         "x_base": x_base,
     }
@@ -208,18 +227,24 @@ def compare(
     else:
         base_vals = base.values
 
-    def curves(vals: np.ndarray, seed_w: np.ndarray, prob_w: np.ndarray) -> np.ndarray:
-        """Seed-mean curves [K, R] for seed weights [S, R] and problem weights [J, R]."""
+    def curves(
+        vals: np.ndarray, seed_w: np.ndarray, prob_w: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Seed-mean curves [K, R] and mean drawdowns [R] for seed weights [S, R] and problem
+        weights [J, R]."""
         S = vals.shape[0]
         per_seed = (vals.reshape(S * K, J) @ prob_w).reshape(S, K, -1) / prob_w.sum(0)
-        return np.einsum("skr,sr->kr", per_seed, seed_w) / seed_w.sum(0)
+        mean = np.einsum("skr,sr->kr", per_seed, seed_w) / seed_w.sum(0)
+        return mean, mean_drawdown(per_seed, seed_w)
 
-    point = _statistics(
-        grid,
-        curves(arm.values, np.ones((S_a, 1)), np.ones((J, 1))),
-        curves(base_vals, np.ones((S_b, 1)), np.ones((J, 1))),
-        frac,
-    )
+    def statistics(seed_a, seed_b, prob_w) -> dict[str, np.ndarray]:
+        (m_arm, dd_arm), (m_base, dd_base) = (
+            curves(arm.values, seed_a, prob_w),
+            curves(base_vals, seed_b, prob_w),
+        )
+        return _statistics(grid, m_arm, m_base, frac, dd_arm, dd_base)
+
+    point = statistics(np.ones((S_a, 1)), np.ones((S_b, 1)), np.ones((J, 1)))
     prob_w = (
         rng.multinomial(J, np.full(J, 1 / J), size=n_boot).T.astype(float)
         if arm.per_problem
@@ -231,9 +256,7 @@ def compare(
         if paired
         else rng.multinomial(S_b, np.full(S_b, 1 / S_b), size=n_boot).T.astype(float)
     )
-    boot = _statistics(
-        grid, curves(arm.values, seed_a, prob_w), curves(base_vals, seed_b, prob_w), frac
-    )
+    boot = statistics(seed_a, seed_b, prob_w)
     out = {
         "label": arm.label,
         "baseline": base.label,

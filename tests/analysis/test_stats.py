@@ -61,6 +61,31 @@ def test_a_clear_gain_is_better_with_the_binomial_width():
     assert out["saving_verdict"] == "better"
 
 
+def test_a_collapse_is_less_stable_and_noise_alone_is_not_separable():
+    """The arm climbs to 0.6 and falls back to 0.45 (drawdown 0.15 on every seed); the
+    baseline climbs monotonically (drawdown 0): stability = 0 - 0.15."""
+    base = _arm("base", [0.2, 0.4, 0.5])
+    out = compare(GRID, _arm("collapse", [0.2, 0.6, 0.45]), base, n_boot=2000)
+    assert out["stability"] == pytest.approx(-0.15)
+    assert out["stability_verdict"] == "worse" and out["stability_hi"] < -0.1
+    # one seed of five ends 0.05 below its peak of 0.4 in a copy of the baseline: mean
+    # drawdown 0.01, and a seed resample can miss that seed, so the interval reaches 0
+    shifted = _arm("dip", [0.2, 0.4, 0.5])
+    shifted.values[2, 2, int(0.35 * J) :] = 0.0
+    out = compare(GRID, shifted, base, n_boot=2000)
+    assert out["stability"] == pytest.approx(-0.01)
+    assert out["stability_hi"] == 0 and out["stability_verdict"] == "not separable"
+
+
+def test_mean_drawdown_by_hand():
+    from replay_exp.analysis.stats import mean_drawdown
+
+    per_seed = np.array([[0.1, 0.5, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]])[:, :, None]  # [S, K, 1]
+    # seed 0: peak 0.5 then 0.3 -> 0.2; seed 1: peak 0.4 then 0.1 -> 0.3
+    assert mean_drawdown(per_seed, np.ones((2, 1)))[0] == pytest.approx(0.25)
+    assert mean_drawdown(per_seed, np.array([[3.0], [1.0]]))[0] == pytest.approx(0.225)
+
+
 def test_a_clear_loss_is_worse_and_never_reaching_the_target_saves_minus_inf():
     base = _arm("base", [0.2, 0.4, 0.5])
     out = compare(GRID, _arm("worse", [0.1, 0.2, 0.3]), base, n_boot=500)
