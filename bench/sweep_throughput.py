@@ -3,8 +3,8 @@
     python bench/sweep_throughput.py [--sweep fig4_lr_pareto_tiny] [--params ...] [--out DIR]
 
 A study is hundreds of runs of the study length (``sweeps/_tiny_base.yaml``: 1000 paper
-units). This launches the same runs (default: on-policy and reuse 2 at lr 6e-5, seeds 0 and 1
-of ``fig4_lr_pareto_tiny``: two short and two longer runs) twice, nothing else running:
+units). This launches the same runs (default: on-policy at lr 6e-5, seeds 0-3 of
+``fig4_lr_pareto_tiny``) twice, nothing else running:
 
 1. ``launcher=local``: Hydra's sequential launcher, one run after another in one process, at
    the default thread count (every core);
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PARAMS = ["experiment=on_policy,replay_reuse2", "algo.lr=6e-5", "seed=0,1"]
+PARAMS = ["experiment=on_policy", "algo.lr=6e-5", "seed=0,1,2,3"]
 
 
 def launch(out: Path, sweep: str, params: list[str], launcher: list[str]) -> float:
@@ -60,6 +60,9 @@ def main() -> None:
     ap.add_argument("--sweep", default="fig4_lr_pareto_tiny")
     ap.add_argument("--params", nargs="+", default=PARAMS, help="the sweep overrides launched")
     ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
+    ap.add_argument("--slurm-root", type=Path, default=None,
+                    help="output_root of the SLURM launch (e.g. runs, to keep its runs for the "
+                         "study; default: under --out)")  # fmt: skip
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="throughput_"))
     print(f"runs in {out}; sweep {args.sweep} {' '.join(args.params)}", flush=True)
@@ -75,9 +78,9 @@ def main() -> None:
         if extra and not slurm_up():
             print(f"{name}: SKIP (no SLURM answers sinfo; start it with scripts/slurm_up.sh)")
             continue
-        root = out / f"launcher{i}"
+        root = args.slurm_root if extra and args.slurm_root else out / f"launcher{i}"
         wall = launch(root, args.sweep, args.params, extra)
-        got = finals(root)
+        got = finals(root / args.sweep)
         results[name] = (wall, got)
         print(f"{name}: {len(got)} runs in {wall:.0f} s = {3600 * len(got) / wall:.1f} runs/hour",
               flush=True)  # fmt: skip
