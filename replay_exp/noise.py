@@ -45,10 +45,10 @@ import torch
 
 
 def gram(a: torch.Tensor, b: torch.Tensor | None = None) -> np.ndarray:
-    """``<a_i, b_j>`` for rows of ``a`` [n, d] and ``b`` [m, d] (``b`` = ``a`` if None), float64."""
-    a64 = a.double()
-    b64 = a64 if b is None else b.double()
-    return (a64 @ b64.T).numpy()
+    """``<a_i, b_j>`` for rows of ``a`` [n, d] and ``b`` [m, d] (``b`` = ``a`` if None), as
+    float64 (the products themselves in the inputs' precision: no float64 copy of the
+    gradients, which are the size of the model per rollout)."""
+    return (a @ (a if b is None else b).T).double().numpy()
 
 
 @dataclass(frozen=True)

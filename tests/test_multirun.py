@@ -23,7 +23,7 @@ def _multirun(args, cwd):
 
 def test_sweep_runs_are_named_by_overrides_and_a_relaunch_skips_them(fast, tmp_path):
     args = [*fast, "schedule.max_steps=2", f"output_root={tmp_path / 'runs'}",
-            "sweep_name=demo", "seed=0,1", "logger.log_every=1"]  # fmt: skip
+            "sweep_name=demo", "seed=0,1", "logger.log_every=1", "save_final_model=false"]  # fmt: skip
     first = _multirun(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     runs = sorted(p for p in (tmp_path / "runs" / "demo").iterdir() if p.is_dir())
@@ -31,7 +31,7 @@ def test_sweep_runs_are_named_by_overrides_and_a_relaunch_skips_them(fast, tmp_p
     # Named by the sorted overrides (cosmetic keys such as logger.log_every left out); this long
     # override list is cut to a readable head plus a hash of the whole.
     assert all(r.name.startswith("algo.group_size=4,buffer.capacity=32,") for r in runs)
-    assert all("log_every" not in r.name for r in runs)
+    assert all("log_every" not in r.name and "save_final" not in r.name for r in runs)
     seeds = {yaml.safe_load((r / "config.yaml").read_text())["seed"] for r in runs}
     assert seeds == {0, 1}
     for r in runs:

@@ -193,8 +193,13 @@ def make_report(
                                  best_target, x_label(x))  # fmt: skip
 
     final = steps.dropna(subset=[metric]).groupby("run", sort=False).last().reset_index()
+    passk = None
     if base is not None and any(c.endswith("_sampled") for c in final):
         written += plot_passk_gain(final, base, out / "passk_gain")
+        if stats is not None:  # the gain at every k with its interval, as for pass@1
+            passk = passk_stats(runs, base, x, frac, n_boot)
+            passk.to_csv(out / "passk_stats.csv", index=False)
+            written.append(out / "passk_stats.csv")
 
     if any((Path(d) / "buffer_telemetry.json").is_file() for d in runs.runs["run_dir"]):
         written += plot_telemetry(runs.runs, out / "telemetry")
@@ -207,6 +212,8 @@ def make_report(
 
     summary = out / "summary.md"
     text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
+    if passk is not None:
+        text += "\n" + "\n".join(_passk_markdown(passk, x)) + "\n"
     if best_over_key is not None:
         head, _, rest = text.partition("\n\n")
         text = (f"{head}\n\nEvery configuration at its best `{best_over_key}` (highest peak "
@@ -333,6 +340,41 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
             f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_signed(r['stability'])} "
             f"[{_signed(r['stability_lo'])}, {_signed(r['stability_hi'])}] | "
             f"{r['stability_verdict']} | {per_seed} |"
+        )
+    return lines
+
+
+def passk_stats(runs: Runs, base: str, x: str, frac: float, n_boot: int) -> pd.DataFrame:
+    """Final pass@k difference to the baseline with its interval, for every sampled k
+    (``replay_exp.analysis.stats``: per-problem unbiased pass@k, paired bootstrap)."""
+    ks = sorted(
+        int(c.split("@")[1].split("_")[0])
+        for c in runs.steps
+        if c.startswith("eval/pass@") and c.endswith("_sampled")
+    )
+    rows = []
+    for k in ks:
+        st = compare_to_baseline(runs, base, x, f"eval/pass@{k}_sampled", frac, n_boot=n_boot)
+        rows += [{"k": k, **r} for r in st[["label", "final", "final_lo", "final_hi",
+                                           "final_verdict", "problems"]].to_dict("records")]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _passk_markdown(passk: pd.DataFrame, x: str) -> list[str]:
+    lines = [
+        "## pass@k gain over the baseline: 95 % bootstrap intervals",
+        "",
+        f"Final pass@k (unbiased estimate per problem from the sampled evaluation, on "
+        f"{int(passk['problems'].iloc[0])} problems) minus the baseline's at matched {x}; "
+        "problems and seeds resampled as above.",
+        "",
+    ]
+    header = "| configuration | k | gain [95 % CI] | verdict |"
+    lines += [header, _rule(header)]
+    for _, r in passk.iterrows():
+        lines.append(
+            f"| {r['label']} | {r['k']} | {_signed(r['final'])} [{_signed(r['final_lo'])}, "
+            f"{_signed(r['final_hi'])}] | {r['final_verdict']} |"
         )
     return lines
 

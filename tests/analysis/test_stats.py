@@ -241,3 +241,39 @@ def test_best_over_keeps_each_arms_best_learning_rate(tmp_path):
     assert len(stats) == 1 and stats.iloc[0]["final"] == pytest.approx(0.15)
     with pytest.raises(ValueError, match="--best-over schedule.trainers"):
         best_over(load_runs([root]), "schedule.trainers", "eval/pass@1", "compute")
+
+
+def test_report_passk_gain_with_intervals(tmp_path):
+    """Equal pass@1 (0.125), but replay spreads its successes over twice the problems:
+    baseline 2/8 correct on half the problems, replay 1/8 on all. pass@8: 0.5 vs 1.0, so the
+    gain grows from 0 at k = 1 to +0.5 at k = 8."""
+    from replay_exp.analysis.report import make_report
+    from replay_exp.evaluate import pass_at_k
+
+    root = tmp_path / "sweep"
+    J = 200
+    for buffer, solved, c in (("on_policy", 100, 2), ("fifo", 200, 1)):
+        n_correct = np.zeros(J, dtype=int)
+        n_correct[:solved] = c
+        for seed in range(4):
+            d = root / f"buffer.name={buffer},seed={seed}"
+            d.mkdir(parents=True)
+            cfg = {"seed": seed, "buffer": {"name": buffer}, "compute": {"mu": 6.84}}
+            (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+            with open(d / "metrics.jsonl", "w") as m, open(d / "eval_details.jsonl", "w") as e:
+                for step in (0, 10):
+                    x = {"compute/paper_units": float(step), "compute/seconds": 0.1 * step}
+                    pk = {f"eval/pass@{k}_sampled": float(np.mean([pass_at_k(8, int(n), k)
+                          for n in n_correct])) for k in (1, 8)}  # fmt: skip
+                    m.write(json.dumps({"step": step, "eval/pass@1": 0.5, **pk, **x}) + "\n")
+                    det = {"pass1": np.arange(J) < 100, "n_correct": n_correct, "n_samples": 8}
+                    e.write(json.dumps({"step": step, **x, **encode_details(det)}) + "\n")
+            (d / "summary.json").write_text(json.dumps({"status": "finished"}))
+    out = tmp_path / "report"
+    summary, _ = make_report([root], out=out, n_boot=300)
+    passk = pd.read_csv(out / "passk_stats.csv").set_index("k")
+    assert passk.loc[1, "final"] == pytest.approx(0.0, abs=1e-12)
+    assert passk.loc[1, "final_verdict"] == "not separable"
+    assert passk.loc[8, "final"] == pytest.approx(0.5)
+    assert passk.loc[8, "final_verdict"] == "better" and passk.loc[8, "final_lo"] > 0.4
+    assert "## pass@k gain over the baseline: 95 % bootstrap intervals" in summary.read_text()
