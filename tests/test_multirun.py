@@ -22,8 +22,8 @@ def _multirun(args, cwd):
 
 
 def test_sweep_runs_are_named_by_overrides_and_a_relaunch_skips_them(fast, tmp_path):
-    args = [*fast, "schedule.max_steps=2", f"output_root={tmp_path / 'runs'}",
-            "sweep_name=demo", "seed=0,1", "logger.log_every=1", "save_final_model=false"]  # fmt: skip
+    args = [*fast, "schedule.max_steps=2", f"output_root={tmp_path / 'runs'}", "sweep_name=demo",
+            "seed=0,1", "logger.log_every=1", "save_final_model=false"]  # fmt: skip
     first = _multirun(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     runs = sorted(p for p in (tmp_path / "runs" / "demo").iterdir() if p.is_dir())

@@ -355,8 +355,8 @@ def passk_stats(runs: Runs, base: str, x: str, frac: float, n_boot: int) -> pd.D
     rows = []
     for k in ks:
         st = compare_to_baseline(runs, base, x, f"eval/pass@{k}_sampled", frac, n_boot=n_boot)
-        rows += [{"k": k, **r} for r in st[["label", "final", "final_lo", "final_hi",
-                                           "final_verdict", "problems"]].to_dict("records")]  # fmt: skip
+        cols = ["label", "final", "final_lo", "final_hi", "final_verdict", "problems"]
+        rows += [{"k": k, **r} for r in st[cols].to_dict("records")]
     return pd.DataFrame(rows)
 
 

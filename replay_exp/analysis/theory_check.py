@@ -166,8 +166,9 @@ def markdown(res: dict[str, Any]) -> str:
     lines += ["", "| configuration | x = N/R | y = B/R | final pass@1 [95 % CI] | theory J/J_on |",
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for _, r in c.iterrows():
-        lines.append(f"| {r['label']} | {r['x']:.3g} | {r['y']:.3g} | {r['final']:.3f} "
-                     f"[{r['final_lo']:.3f}, {r['final_hi']:.3f}] | {r['J_rel']:.3f} |")  # fmt: skip
+        ci = f"[{r['final_lo']:.3f}, {r['final_hi']:.3f}]"
+        lines.append(f"| {r['label']} | {r['x']:.3g} | {r['y']:.3g} | {r['final']:.3f} {ci} "
+                     f"| {r['J_rel']:.3f} |")  # fmt: skip
     lines += ["", "Sensitivity of (x*, y*) to the interval ends and to mu:", "",
               "| mu | alpha | rho | x* | y* |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for _, r in res["sensitivity"].iterrows():

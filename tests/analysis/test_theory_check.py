@@ -41,7 +41,7 @@ def _run(root, name, buffer, x, y, seed, rates, J=300):
     d.mkdir(parents=True)
     cfg = {
         "seed": seed,
-        "buffer": {"name": buffer},
+        "buffer": {"name": buffer, "capacity": 32 * x},
         "compute": {"mu": 6.84},
         "derived": {"staleness_horizon": x, "reuse_ratio": y},
     }
@@ -52,7 +52,8 @@ def _run(root, name, buffer, x, y, seed, rates, J=300):
             c[: int(rate * J) + seed] = True
             row = {"step": k, "compute/paper_units": 10.0 * k, "compute/seconds": 1.0 * k}
             m.write(json.dumps({**row, "eval/pass@1": c.mean(), "compute/measured_mu": 0.5}) + "\n")
-            e.write(json.dumps({**row, **encode_details({"pass1": c})}) + "\n")
+            det = {"pass1": c, "n_correct": c.astype(int), "n_samples": 1}
+            e.write(json.dumps({**row, **encode_details(det)}) + "\n")
     (d / "summary.json").write_text(json.dumps({"status": "finished"}))
 
 
