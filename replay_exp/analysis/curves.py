@@ -196,6 +196,13 @@ def _quartiles(values: Sequence[float]) -> np.ndarray:
     return np.nan_to_num(q, nan=np.inf, posinf=np.inf)
 
 
+def drawdown(values: np.ndarray) -> float:
+    """The largest drop of a curve below its own running peak (0 for a curve that never
+    falls): ``max_k (max_{k' <= k} v[k'] - v[k])``."""
+    v = np.asarray(values, dtype=float)
+    return float((np.maximum.accumulate(v) - v).max()) if len(v) else float("nan")
+
+
 def target_table(
     steps: pd.DataFrame,
     x: str = "compute",
@@ -204,9 +211,10 @@ def target_table(
     frac: float = 0.98,
     baseline: str | None = None,
 ) -> tuple[pd.DataFrame, float]:
-    """Per configuration: the peak and final value of the median curve, the per-seed peaks and
-    finals (median, IQR), and the x needed to reach ``target`` (default
-    ``frac`` x the best peak median over all configurations) on the median curve and per seed
+    """Per configuration: the peak and final value of the median curve, the per-seed peaks,
+    finals and drawdowns (:func:`drawdown`; median, IQR), and the x needed to reach ``target``
+    (default ``frac`` x the best peak median over all configurations) on the median curve and
+    per seed
     (median and IQR over seeds; a seed that never reaches it counts as inf), with the saving
     1 - x / x_baseline relative to the configuration labelled ``baseline``. Returns the table
     and the target used."""
@@ -223,6 +231,8 @@ def target_table(
         ]
         finals = runs.groupby("run")[y].last().to_numpy()
         peaks = runs.groupby("run")[y].max().to_numpy()
+        drawdowns = np.array([drawdown(r.sort_values(col)[y].to_numpy())
+                              for _, r in runs.groupby("run", sort=False)])  # fmt: skip
         q = _quartiles(per_seed)
         rows.append(
             {
@@ -236,6 +246,9 @@ def target_table(
                 "peak_seed_median": float(np.median(peaks)),
                 "peak_q25": float(np.percentile(peaks, 25)),
                 "peak_q75": float(np.percentile(peaks, 75)),
+                "drawdown_seed_median": float(np.median(drawdowns)),
+                "drawdown_q25": float(np.percentile(drawdowns, 25)),
+                "drawdown_q75": float(np.percentile(drawdowns, 75)),
                 "x_to_target": compute_to_target(g["x"], g["median"], target),
                 "x_to_target_seed_median": float(q[1]),
                 "x_to_target_seed_q25": float(q[0]),

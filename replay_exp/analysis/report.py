@@ -263,7 +263,8 @@ def _markdown(
             f"## Compute to the baseline's accuracy ({frac:.0%} of its best median: {target:.3f})",
             "",
             f"Baseline: **{base}**, {_fmt_x(b['x_to_target'])} ({x}). "
-            "Saving = 1 - x / x_baseline, on the median curve; per-seed: median [IQR].",
+            "Saving = 1 - x / x_baseline, on the median curve; per-seed: median [IQR]; "
+            "drawdown = the largest drop below the run's own running peak.",
             "",
         ]
         if len(rest):
@@ -278,7 +279,7 @@ def _markdown(
         lines += [f"No on-policy baseline in this sweep; target = {frac:.0%} of the best.", ""]
     header = (
         "| configuration | seeds | peak of median curve | per-seed peak | per-seed final "
-        f"| {x} to target (median curve) | per seed |"
+        f"| per-seed drawdown | {x} to target (median curve) | per seed |"
     )
     header += " saving vs baseline |" if base is not None else ""
     lines += [header, _rule(header)]
@@ -286,7 +287,8 @@ def _markdown(
         row = (
             f"| {r['label']} | {r['seeds']} | {r['peak_median']:.3f} | {r['peak_seed_median']:.3f} "
             f"[{r['peak_q25']:.3f}, {r['peak_q75']:.3f}] | {r['final_median']:.3f} "
-            f"[{r['final_q25']:.3f}, {r['final_q75']:.3f}] | {_fmt_x(r['x_to_target'])} | "
+            f"[{r['final_q25']:.3f}, {r['final_q75']:.3f}] | {r['drawdown_seed_median']:.3f} "
+            f"[{r['drawdown_q25']:.3f}, {r['drawdown_q75']:.3f}] | {_fmt_x(r['x_to_target'])} | "
             f"{_fmt_x(r['x_to_target_seed_median'])} [{_fmt_x(r['x_to_target_seed_q25'])}, "
             f"{_fmt_x(r['x_to_target_seed_q75'])}] |"
         )

@@ -140,3 +140,21 @@ def test_target_table_savings_vs_the_baseline():
     assert t.loc["base", "x_to_target"] == math.inf
     assert t.loc["base", "x_to_target_seed_median"] == math.inf  # not NaN
     assert np.isnan(t.loc["buf", "saving_vs_baseline"])  # no saving against "never"
+
+
+def test_drawdown_per_seed_in_the_target_table():
+    from replay_exp.analysis.curves import drawdown
+
+    assert drawdown([0.1, 0.5, 0.3, 0.4]) == pytest.approx(0.2)
+    assert drawdown([0.1, 0.2, 0.3]) == 0.0
+    steps = _steps(
+        {
+            ("buf", 0): ([0, 5, 10], [0.2, 0.6, 0.45]),  # drawdown 0.15
+            ("buf", 1): ([0, 5, 10], [0.2, 0.3, 0.25]),  # 0.05
+            ("buf", 2): ([0, 5, 10], [0.2, 0.3, 0.4]),  # 0
+        }
+    )
+    t = target_table(steps)[0].set_index("label")
+    assert t.loc["buf", "drawdown_seed_median"] == pytest.approx(0.05)
+    assert t.loc["buf", "drawdown_q25"] == pytest.approx(0.025)
+    assert t.loc["buf", "drawdown_q75"] == pytest.approx(0.10)
