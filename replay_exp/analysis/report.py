@@ -80,6 +80,18 @@ def families(runs: Runs) -> tuple[dict[str, str], str | None]:
     return fam, "on-policy" if "on-policy" in fam.values() else None
 
 
+def pick_label(runs: Runs, name: str) -> str:
+    """The configuration label equal to ``name``, else the only one containing it."""
+    labels = list(dict.fromkeys(runs.runs["label"]))
+    if name in labels:
+        return name
+    hits = [label for label in labels if name in label]
+    if len(hits) != 1:
+        raise ReportError(f"--baseline {name!r} matches {len(hits)} configurations; the labels: "
+                          f"{'; '.join(labels)}")  # fmt: skip
+    return hits[0]
+
+
 def best_over(runs: Runs, key: str, metric: str, x: str) -> Runs:
     """Only the best value of ``key`` (e.g. ``algo.lr``) of every configuration family (the
     configuration without ``key``): the one with the highest peak median ``metric``, the same
@@ -134,10 +146,12 @@ def make_report(
     logx: bool = False,
     n_boot: int = 2000,
     best_over_key: str | None = None,
+    reference: str | None = None,
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files).
     ``best_over_key``: report only each configuration's best value of that key
-    (:func:`best_over`), e.g. every arm at its best learning rate."""
+    (:func:`best_over`), e.g. every arm at its best learning rate. ``reference``: compare to
+    this configuration (:func:`pick_label`) instead of the on-policy baseline."""
     runs = load_runs(paths, metric=metric, x=x)
     if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
@@ -146,7 +160,7 @@ def make_report(
     steps = runs.steps
     out = Path(out) if out is not None else Path(paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
-    base = baseline_label(runs, metric, x)
+    base = baseline_label(runs, metric, x) if reference is None else pick_label(runs, reference)
     written: list[Path] = []
     # Portable: runs are named by their id under the sweep, not by this machine's paths.
     portable = runs.runs.drop(columns=["run_dir", "output_root"], errors="ignore")
@@ -421,6 +435,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.logx,
                 args.n_boot,
                 args.best_over,
+                args.baseline,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

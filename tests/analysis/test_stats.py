@@ -277,3 +277,16 @@ def test_report_passk_gain_with_intervals(tmp_path):
     assert passk.loc[8, "final"] == pytest.approx(0.5)
     assert passk.loc[8, "final_verdict"] == "better" and passk.loc[8, "final_lo"] > 0.4
     assert "## pass@k gain over the baseline: 95 % bootstrap intervals" in summary.read_text()
+
+
+def test_report_against_another_reference(two_arm_sweep, tmp_path):
+    """--baseline picks any configuration as the reference: on-policy vs FIFO is then -0.1."""
+    from replay_exp.analysis.report import ReportError, make_report
+
+    out = tmp_path / "report"
+    make_report([two_arm_sweep], out=out, n_boot=200, reference="FIFO")
+    stats = pd.read_csv(out / "stats.csv")
+    assert stats["label"].tolist() == ["on-policy"] and stats["baseline"].tolist() == ["FIFO"]
+    assert stats.iloc[0]["final"] == pytest.approx(-0.1)
+    with pytest.raises(ReportError, match="matches 0 configurations; the labels: "):
+        make_report([two_arm_sweep], out=tmp_path / "r2", reference="priority")
