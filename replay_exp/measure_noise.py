@@ -40,6 +40,7 @@ import copy
 import dataclasses
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -349,7 +350,11 @@ def main(argv: list[str] | None = None) -> None:
     seconds = time.perf_counter() - t0
     save_blocks(args.out / "noise_blocks.npz", blocks)
     summary = summarise(blocks, args.taus, args.deltas, args.boot)
-    summary.update(overrides=args.overrides, pool_groups=args.pool_groups, seconds=seconds)
+    command = "python -m replay_exp.measure_noise " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    summary.update(overrides=args.overrides, pool_groups=args.pool_groups, seconds=seconds,
+                   command=command)  # fmt: skip
     (args.out / "noise.json").write_text(json.dumps(summary, indent=2))
     plot(summary, args.out / "noise.png")
     p = summary["pooled"]

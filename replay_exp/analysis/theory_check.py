@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,11 @@ def main(argv: list[str] | None = None) -> None:
     res = check(json.loads(args.noise.read_text()), args.sweep_dirs, args.delta, args.n_boot)
     args.out.mkdir(parents=True, exist_ok=True)
     res["configs"].to_csv(args.out / "theory_check.csv", index=False)
-    text = markdown(res)
+    argv = argv if argv is not None else sys.argv[1:]
+    text = markdown(res) + (
+        f"\nRegenerate: `{json.loads(args.noise.read_text()).get('command', 'measure_noise')}`, "
+        f"then `python -m replay_exp.analysis.theory_check {' '.join(argv)}`.\n"
+    )
     (args.out / "theory_check.md").write_text(text)
     plot(res, args.out / "theory_check.png")
     print(text)
