@@ -21,7 +21,8 @@ ALGO_NAMES = {"grpo": "GRPO", "asymre": "AsymRE"}
 
 def _num(v: Any) -> str:
     if isinstance(v, float) and (abs(v) < 1e-2 or abs(v) >= 1e5) and v != 0:
-        return f"{v:.0e}"
+        mantissa, exponent = f"{v:.3e}".split("e")  # 1.2e-04, 6e-05: no digit is dropped
+        return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
     return f"{v:g}" if isinstance(v, int | float) else str(v)
 
 

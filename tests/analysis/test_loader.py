@@ -162,6 +162,8 @@ def test_overrides_from_name():
           "schedule.gpus": 8}, ["buffer.capacity", "schedule.trainers"], "N=768, (6,2)"),
         ({"buffer.name": "on_policy", "algo.lr": 1e-4}, ["buffer.name", "algo.lr"],
          "on-policy, lr=1e-04"),
+        ({"buffer.name": "on_policy", "algo.lr": 1.2e-4}, ["buffer.name", "algo.lr"],
+         "on-policy, lr=1.2e-04"),  # no digit dropped: 1.2e-4 is not 1e-4
         ({"buffer.name": "positive_bias", "buffer.delta": 0.2, "algo.name": "asymre"},
          ["buffer.delta", "algo.name"], "δ=0.2, AsymRE"),
         ({"task.n_digits": 4}, ["task.n_digits"], "n_digits=4"),
