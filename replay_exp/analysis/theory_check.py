@@ -48,6 +48,8 @@ from replay_exp.logging import read_metrics
 from replay_exp.theory import closed_form_optimum, objective, optimal_reuse
 
 METRIC = "eval/pass@1"
+# noise.json files written before measure_noise recorded its command line
+NOISE_COMMAND = "python -m replay_exp.measure_noise (arguments: README.md next to noise.json)"
 
 
 def optimum(mu: float, alpha: float, rho: float) -> tuple[float, float]:
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     res["configs"].to_csv(args.out / "theory_check.csv", index=False)
     argv = argv if argv is not None else sys.argv[1:]
     text = markdown(res) + (
-        f"\nRegenerate: `{json.loads(args.noise.read_text()).get('command', 'measure_noise')}`, "
+        f"\nRegenerate: `{json.loads(args.noise.read_text()).get('command', NOISE_COMMAND)}`, "
         f"then `python -m replay_exp.analysis.theory_check {' '.join(argv)}`.\n"
     )
     (args.out / "theory_check.md").write_text(text)
