@@ -226,8 +226,9 @@ def make_report(
 
     summary = out / "summary.md"
     text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
-    if passk is not None:
-        text += "\n" + "\n".join(_passk_markdown(passk, x)) + "\n"
+    if passk is not None:  # before the list of files
+        head, sep, files = text.partition("\n## Files\n")
+        text = head + "\n" + "\n".join(_passk_markdown(passk, x)) + "\n" + sep + files
     if best_over_key is not None:
         head, _, rest = text.partition("\n\n")
         text = (f"{head}\n\nEvery configuration at its best `{best_over_key}` (highest peak "
@@ -281,7 +282,9 @@ def _markdown(
             "drawdown = the largest drop below the run's own running peak.",
             "",
         ]
-        if len(rest):
+        if len(rest) and not np.isfinite(rest["x_to_target"]).any():
+            lines += ["No other configuration's median curve gets there.", ""]
+        elif len(rest):
             winner = rest.loc[rest["x_to_target"].idxmin()]
             lines += [
                 f"Cheapest to get there: **{winner['label']}** with "
@@ -414,6 +417,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
     p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (stats.csv)")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="LABEL",
+        help="compare to this configuration (its label, or a unique part of it) instead of the "
+        "on-policy one",
+    )
     p.add_argument(
         "--best-over",
         default=None,

@@ -22,7 +22,8 @@ How (``compare``):
    correct; ``pass@k_sampled``: the unbiased per-problem estimate; ``sample_reward``: c / n) is
    interpolated linearly in x onto the baseline's evaluation points up to the last x every run
    reached (on a shared compute grid, ``eval.unit=compute``, the points coincide and nothing is
-   interpolated in effect).
+   interpolated in effect). A run that stopped within 0.1 % short of a point (a compute budget
+   ends on a whole step) has its last evaluation stand for that point.
 2. Seed-mean curves ``m[k] = mean_s mean_j P_s[k, j]``.
 3. Bootstrap (``n_boot`` replicates, seeded): problems are resampled with replacement, the same
    draw for both arms (paired on the same eval problems); seeds are resampled with replacement,
@@ -51,6 +52,7 @@ from replay_exp.evaluate import decode_details, pass_at_k
 from replay_exp.logging import read_metrics
 
 STATS = ("final", "peak", "saving", "stability")
+END_TOL = 1e-3  # relative: how far short of a grid point a run's last evaluation may be
 VERDICTS = ("better", "worse", "not separable")
 
 
@@ -141,7 +143,10 @@ def build_arms(
     if not ends or not raw[baseline]:
         raise ValueError(f"no evaluations of {metric} to compare")
     base_x = raw[baseline][0][1]
-    grid = base_x[base_x <= min(ends) + 1e-9]
+    # A run under a compute budget ends on a whole step, up to one step short of the budget
+    # (999.5 of 1000 units at y = 4): within END_TOL it counts as there, its last evaluation
+    # standing for the budget (never further: no extrapolation beyond that sliver).
+    grid = base_x[base_x <= min(ends) + END_TOL * max(ends) + 1e-9]
     widths = {vals.shape[1] for parts in raw.values() for _, _, vals, _ in parts}
     per_problem = all(pp for parts in raw.values() for *_, pp in parts) and len(widths) == 1
     arms = {}

@@ -290,3 +290,33 @@ def test_report_against_another_reference(two_arm_sweep, tmp_path):
     assert stats.iloc[0]["final"] == pytest.approx(-0.1)
     with pytest.raises(ReportError, match="matches 0 configurations; the labels: "):
         make_report([two_arm_sweep], out=tmp_path / "r2", reference="priority")
+    # the same through the command line
+    from replay_exp.analysis.report import main
+
+    main([str(two_arm_sweep), "--baseline", "FIFO", "--out", str(tmp_path / "cli"),
+          "--n-boot", "200"])  # fmt: skip
+    assert pd.read_csv(tmp_path / "cli" / "stats.csv")["baseline"].tolist() == ["FIFO"]
+
+
+@pytest.mark.parametrize(("per_step", "matched"), [(0.49975, 20.0), (0.475, 10.0)])
+def test_a_run_a_sliver_short_of_the_budget_counts_as_there(tmp_path, per_step, matched):
+    """Replay's last evaluation at 19.99 of 20 units (a whole number of steps) stands for 20;
+    at 19 (5 % short) the comparison stops at the previous point, 10."""
+    from replay_exp.analysis.loader import load_runs
+    from replay_exp.analysis.stats import compare_to_baseline
+
+    root = tmp_path / "sweep"
+    for seed in range(2):
+        for buffer, rates, ups in (("on_policy", (60, 80, 100), 1.0),
+                                   ("fifo", (60, 110, 120), per_step)):  # fmt: skip
+            correct = {}
+            for step, n in zip((0, 20, 40) if ups < 1 else (0, 10, 20), rates, strict=True):
+                c = np.zeros(200, dtype=bool)
+                c[:n] = True
+                correct[step] = c
+            _write_run(root, f"buffer.name={buffer},seed={seed}", buffer, seed, correct, ups)
+    stats = compare_to_baseline(load_runs([root]), "on-policy", n_boot=100)
+    assert stats.iloc[0]["x_matched"] == matched
+    # at 10: replay interpolated between 0.55 (x = 9.5) and 0.60 (x = 19), baseline 0.40
+    expected = 0.1 if matched == 20 else 0.55 + 0.05 * 0.5 / 9.5 - 0.40
+    assert stats.iloc[0]["final"] == pytest.approx(expected)
