@@ -197,8 +197,11 @@ def plot(res: dict[str, Any], path: Path) -> None:
         ax1.annotate(f"x={r['x']:.3g}", (r["y"], r["final"]), textcoords="offset points",
                      xytext=(5, -12), fontsize=8)  # fmt: skip
     ax1.axvline(res["y_star"], ls="--", color="k", label=f"theory y* = {res['y_star']:.2f}")
-    ax1.set(xscale="log", xlabel="reuse y = B/R", ylabel="held-out pass@1 at the budget",
+    ax1.set(xscale="log", xlabel="reuse y = B/R",
+            ylabel=f"held-out pass@1 at {res['x_matched']:g} paper units",
             title="measured accuracy vs the recommendation")  # fmt: skip
+    ax1.set_xticks(c["y"], [f"{v:g}" for v in c["y"]])
+    ax1.minorticks_off()
     twin = ax1.twinx()
     twin.plot(c["y"], c["J_rel"], "s:", color="tab:red", label="theory J / J_on-policy")
     twin.set_ylabel("theory J(x, y) / J(1, 1) (lower is better)", color="tab:red")
