@@ -258,7 +258,8 @@ def _markdown(
     lines += [
         f"{len(runs)} runs ({', '.join(f'{v} {k}' for k, v in n.items())}), "
         f"{len(seeds)} configurations, {seeds.min()}-{seeds.max()} seeds each. "
-        f"Metric: `{metric}`; x-axis: {x_label(x)}. Per-seed values: median [IQR] over seeds.",
+        f"Metric: `{metric}`; x-axis: {x_label(x)}. Per-seed values: median [IQR] over seeds."
+        + _wall_line(runs),
         "",
     ]
     best = table.loc[table["peak_median"].idxmax()]
@@ -319,6 +320,28 @@ def _markdown(
     lines += ["", "## Files", ""]
     lines += [f"- [{p.name}]({p.name})" for p in written]
     return "\n".join(lines) + "\n"
+
+
+def sweep_wall_seconds(runs: Runs) -> float | None:
+    """Wall-clock of the runs as a whole: the first ``config.yaml`` written (a run starts) to
+    the last ``summary.json`` (a run finishes), from the run directories' file times; None when
+    a run has no directory here (W&B) or has not finished."""
+    starts, ends = [], []
+    for d in runs.runs.get("run_dir", pd.Series(dtype=object)):
+        start, end = Path(str(d)) / "config.yaml", Path(str(d)) / "summary.json"
+        if not (start.is_file() and end.is_file()):
+            return None
+        starts.append(start.stat().st_mtime)
+        ends.append(end.stat().st_mtime)
+    return max(ends) - min(starts) if starts else None
+
+
+def _wall_line(runs: Runs) -> str:
+    wall = sweep_wall_seconds(runs)
+    if wall is None:
+        return ""
+    return (f" Wall-clock of these runs, first start to last finish: {wall / 60:.1f} min "
+            "(from the run directories' file times).")  # fmt: skip
 
 
 def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:

@@ -320,3 +320,16 @@ def test_a_run_a_sliver_short_of_the_budget_counts_as_there(tmp_path, per_step, 
     # at 10: replay interpolated between 0.55 (x = 9.5) and 0.60 (x = 19), baseline 0.40
     expected = 0.1 if matched == 20 else 0.55 + 0.05 * 0.5 / 9.5 - 0.40
     assert stats.iloc[0]["final"] == pytest.approx(expected)
+
+
+def test_summary_states_the_sweeps_wall_clock(two_arm_sweep, tmp_path):
+    """First config.yaml written at t = 1000 s, last summary.json at t = 1120 s: 2.0 min."""
+    import os
+
+    from replay_exp.analysis.report import make_report
+
+    for i, d in enumerate(sorted(p for p in two_arm_sweep.iterdir() if p.is_dir())):
+        os.utime(d / "config.yaml", (1000 + i, 1000 + i))
+        os.utime(d / "summary.json", (1100 + 4 * i, 1100 + 4 * i))
+    summary, _ = make_report([two_arm_sweep], out=tmp_path / "r", n_boot=100)
+    assert "Wall-clock of these runs, first start to last finish: 2.0 min" in summary.read_text()
