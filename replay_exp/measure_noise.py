@@ -100,15 +100,12 @@ def per_rollout_grads(policy: torch.nn.Module, pool: RolloutBatch, algo: Any, te
     return out
 
 
-def _gram_blocks(a: torch.Tensor, b: torch.Tensor | None, groups: torch.Tensor) -> Blocks:
-    return Blocks.of(gram(a, b), groups.tolist())
-
-
 def measure_seed(overrides: list[str], seed: int, points: list[int], taus: list[int],
                  deltas: list[int], pool_groups: int) -> dict[str, Measured]:  # fmt: skip
     """Train on-policy and collect the Gram blocks of every measurement (module docstring).
 
-    Returns ``{point: {"sigma/<tau>": Blocks, "rho/<delta>/cross|first|second": Blocks}}``."""
+    Returns ``{point: {"sigma/<tau>": Blocks, "cross/<tau>": CrossBlocks (stale x fresh),
+    "rho/<delta>/cross|first|second": Blocks}}``."""
     cfg, d = resolve(compose([*overrides, "experiment=on_policy", f"seed={seed}"]))
     torch.set_num_threads(d.threads)
     s, a, g = cfg.schedule, cfg.algo, cfg.generation
@@ -158,15 +155,15 @@ def measure_seed(overrides: list[str], seed: int, points: list[int], taus: list[
                 res[f"sigma/{tau}"] = Blocks.of(gram(stale), ids[tau])
                 res[f"cross/{tau}"] = CrossBlocks.of(gram(stale, fresh), ids[tau], ids[0])
             v = t - max(deltas)
-            pool = pools[v]
+            pool, pool_ids = pools[v], pools[v].group_id_B.tolist()
             policy.load_state_dict(weights[v])
             first = grad(pool)
             for delta in deltas:
                 policy.load_state_dict(weights[v + delta])
                 second = grad(pool)
-                res[f"rho/{delta}/cross"] = _gram_blocks(first, second, pool.group_id_B)
-                res[f"rho/{delta}/first"] = _gram_blocks(first, None, pool.group_id_B)
-                res[f"rho/{delta}/second"] = _gram_blocks(second, None, pool.group_id_B)
+                res[f"rho/{delta}/cross"] = Blocks.of(gram(first, second), pool_ids)
+                res[f"rho/{delta}/first"] = Blocks.of(gram(first), pool_ids)
+                res[f"rho/{delta}/second"] = Blocks.of(gram(second), pool_ids)
             policy.load_state_dict(current)
             out[str(t)] = res
             log.info("seed %d: measured at version %d", seed, t)
