@@ -166,6 +166,9 @@ BAD = [
     (["generation=vllm", "generation.gpu_memory_utilization=0"],
      "generation.gpu_memory_utilization=0.0 must be in (0, 1] (the share of GPU memory the "
      "vLLM engine may take)"),
+    (["generation=vllm", "device=cuda:1"],
+     "device=cuda:1 with generation.backend=vllm: the engine always runs on the first "
+     "visible GPU; run with CUDA_VISIBLE_DEVICES=1 and device=cuda instead"),
     (["generation.behaviour_logp=magic"],
      "generation.behaviour_logp=magic is unknown; choose engine or trainer"),
     (["generation.behaviour_logp=trainer", "schedule.sync_every=2"],
