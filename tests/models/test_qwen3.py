@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from replay_exp.config import compose, resolve
 from replay_exp.logging import read_metrics
-from replay_exp.models import load_policy
-from replay_exp.models.tiny import load_pretrained
-from replay_exp.models.tiny_hub import TINY_QWEN3, main
+from replay_exp.models import count_params, load_policy
+from replay_exp.models.tiny import ARCHS, load_pretrained
+from replay_exp.models.tiny_hub import QWEN3_0_6B, TINY_QWEN3, main
 from replay_exp.tasks import make_task
 from replay_exp.train import run
 
@@ -26,6 +30,18 @@ def test_cli_writes_the_tiny_qwen3_deterministically(tiny_qwen3_hub_dir, tmp_pat
     saved = json.loads((tiny_qwen3_hub_dir / "config.json").read_text())
     assert saved["architectures"] == ["Qwen3ForCausalLM"]
     assert {k: saved[k] for k in TINY_QWEN3} == TINY_QWEN3  # head_dim, untied, rope as given
+
+
+def test_qwen3_0_6b_config_has_the_published_size():
+    config_cls, model_cls = ARCHS["qwen3"]
+    with torch.device("meta"):  # shapes only, no memory
+        model = model_cls(config_cls(**QWEN3_0_6B))
+    # Per layer: q 1024x2048 + k, v 1024x1024 + o 2048x1024 + MLP 3 x 1024x3072 + norms 2x128
+    # + 2x1024 = 15,730,944; x 28 + final norm 1,024 = 440,467,456 (the published 0.44 B
+    # non-embedding); + embedding 151,936 x 1,024 = 596,049,920 (tied: the "0.6B"); + the
+    # untied head.
+    assert count_params(model, non_embedding=True) == 596_049_920
+    assert count_params(model) == 596_049_920 + 151_936 * 1_024
 
 
 def test_model_dir_loads_as_qwen3_with_qk_norms_and_untied_head(tiny_qwen3_hub_dir):
@@ -64,6 +80,7 @@ def _train(model_dir, tmp_path, math_small, *overrides: str):
     return rows, final
 
 
+@pytest.mark.slow
 def test_on_policy_micro_batched_steps_have_ratio_one_and_train_the_head_apart(
     tiny_qwen3_hub_dir, math_small, tmp_path
 ):
@@ -89,6 +106,7 @@ def test_on_policy_micro_batched_steps_have_ratio_one_and_train_the_head_apart(
     assert not (d_embed != 0).any(dim=1).all()
 
 
+@pytest.mark.slow
 def test_fifo_replay_steps_reuse_rollouts_with_ratios_off_one(
     tiny_qwen3_hub_dir, math_small, tmp_path
 ):
@@ -104,3 +122,21 @@ def test_fifo_replay_steps_reuse_rollouts_with_ratios_off_one(
     # ones are stale, and their importance ratios leave 1.
     assert abs(rows[1]["loss/ratio_max"] - 1) < 1e-5
     assert rows[2]["loss/ratio_max"] - rows[2]["loss/ratio_min"] > 1e-2
+
+
+@pytest.mark.slow
+def test_bench_qwen3_width_smoke(tiny_qwen3_hub_dir, tmp_path):
+    """bench/qwen3_width.py at the tiny width, so that the full-width run cannot rot."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "qwen3_width.py"
+    out = subprocess.run(
+        [sys.executable, str(bench), "--smoke", "--threads", "1", "--json", tmp_path / "r.json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["config"] == TINY_QWEN3
+    assert r["params"] == count_params(load_pretrained(tiny_qwen3_hub_dir)[0]) == 164_288
+    assert "algo.micro_batch_size=2" in r["command"] and r["finite_loss"]
+    assert [s["step"] for s in r["steps"]] == [1, 2]
+    assert all(s["seconds_gen"] > 0 and s["seconds_train"] > 0 for s in r["steps"])
+    assert r["peak_rss_gib"] > 0.1 and r["seconds_gen_per_step"] > 0
