@@ -52,7 +52,7 @@ QWEN3_0_6B = dict(
     num_attention_heads=16,
     num_key_value_heads=8,
     head_dim=128,  # heads x head_dim = 2048, twice the width
-    vocab_size=151936,  # padded: the tokenizer has 151,669 tokens
+    vocab_size=151936,  # padded past the tokenizer's ~151.7 k tokens
     rms_norm_eps=1e-6,
     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
     max_position_embeddings=40960,

@@ -38,10 +38,10 @@ def test_qwen3_0_6b_config_has_the_published_size():
         model = model_cls(config_cls(**QWEN3_0_6B))
     # Per layer: q 1024x2048 + k, v 1024x1024 + o 2048x1024 + MLP 3 x 1024x3072 + norms 2x128
     # + 2x1024 = 15,730,944; x 28 + final norm 1,024 = 440,467,456 (the published 0.44 B
-    # non-embedding); + embedding 151,936 x 1,024 = 596,049,920 (tied: the "0.6B"); + the
-    # untied head.
+    # non-embedding). Embedding and untied head are 151,936 x 1,024 = 155,582,464 each: without
+    # the input embedding 596,049,920 (the published 0.6 B, tied), 751,632,384 in all.
     assert count_params(model, non_embedding=True) == 596_049_920
-    assert count_params(model) == 596_049_920 + 151_936 * 1_024
+    assert count_params(model) == 751_632_384
 
 
 def test_model_dir_loads_as_qwen3_with_qk_norms_and_untied_head(tiny_qwen3_hub_dir):
@@ -50,7 +50,8 @@ def test_model_dir_loads_as_qwen3_with_qk_norms_and_untied_head(tiny_qwen3_hub_d
     model, tok, source = load_policy(cfg.model, cfg.task, make_task(cfg.task), dtype="float32")
     assert source == str(tiny_qwen3_hub_dir) and type(model).__name__ == "Qwen3ForCausalLM"
     c = model.config
-    # Qwen3-0.6B's shape: 16 query heads x head_dim 128 = 2048 = 2 x width, 8 key/value heads.
+    # Qwen3-0.6B's shape: 16 query heads x head_dim 128 = 2 x width, 8 key/value heads (here
+    # 4 x 32 = 2 x 64, and 2).
     assert (c.num_attention_heads * c.head_dim, c.num_key_value_heads) == (2 * c.hidden_size, 2)
     attn = model.model.layers[0].self_attn
     assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (c.head_dim,)
