@@ -148,7 +148,7 @@ BAD = [
     (["task.n_digits=0"], "task.n_digits=0 must be in [1, 9]"),
     (["task.operations=[+,/]"], "task.operations=['+', '/'] must be a non-empty subset of "
      "['+', '-', '*']"),
-    (["model.arch=gpt2"], "model.arch=gpt2 is unknown; choose one of ['llama', 'qwen2']"),
+    (["model.arch=gpt2"], "model.arch=gpt2 is unknown; choose one of ['llama', 'qwen2', 'qwen3']"),
     (["buffer.capacity=null"], "buffer.capacity=null: buffer=fifo needs a capacity N"),
     (["schedule.max_steps=null", "schedule.max_compute=-1"],
      "schedule.max_compute=-1.0 must be > 0"),
