@@ -8,10 +8,11 @@ ones installed here (``importlib.metadata``), which are the pins of pyproject.to
 
 The kit is the closure of the project's runtime requirements (``[project] dependencies`` of
 pyproject.toml, then the ``Requires-Dist`` of each installed requirement, markers evaluated for
-Python 3.12 on x86-64 Linux), stopping at any distribution in :data:`IMAGE` (the image has its own version,
-which is the one the check runs on) and leaving out :data:`NOT_ON_CHECK_PATHS`. Each wheel is
-fetched with ``pip download --no-deps`` (only ``py3-none-any``-style wheels are accepted: the
-machine has Python 3.12 and the kit must not depend on this machine's); a distribution that PyPI
+Python 3.12 on x86-64 Linux), stopping at any distribution in :data:`IMAGE` (the image has its
+own version, which is the one the check runs on) and leaving out :data:`NOT_ON_CHECK_PATHS`.
+Each wheel is fetched with ``pip download --no-deps`` (only ``py3-none-any``-style wheels are
+accepted: the machine has Python 3.12 and the kit must not depend on this machine's); a
+distribution that PyPI
 has only as an sdist (antlr4-python3-runtime 4.9.3) is built here with ``pip wheel --no-deps``.
 The device-side check (scripts/gpu_check.sh) installs the folder with
 ``pip install --no-index --no-deps --target``; the device tool carries it (``carry``).
@@ -40,7 +41,7 @@ MAX_MIB = 40  # the device tool carries 64 MiB per call with the working tree; k
 # running the image on 2026-11-17). The check runs on the image's versions of these (python
 # 3.12.3, torch 2.11.0+cu130, transformers 5.17.0, tokenizers 0.23.2, safetensors 0.8.0,
 # numpy 2.5.2, huggingface_hub 1.33.0, ...), never on carried copies.
-IMAGE = frozenset(canonicalize_name(n) for n in """
+_IMAGE_LIST = """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
 cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn
@@ -64,7 +65,8 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
 xxhash yarl zipp
-""".split())  # fmt: skip
+"""
+IMAGE = frozenset(canonicalize_name(n) for n in _IMAGE_LIST.split())
 
 # Runtime requirements the device check never imports, so the kit leaves them (and their
 # closures) out: ``datasets`` is imported only by the math tasks' data loading (hub or local
@@ -105,8 +107,9 @@ def project_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]
         if not _on_image_platform(req):
             continue
         name = canonicalize_name(req.name)
-        if name not in IMAGE | NOT_ON_CHECK_PATHS and not req.specifier.contains(md.version(name)):
-            raise RuntimeError(f"{name} {md.version(name)} is installed here, pyproject wants {req}")
+        here = md.version(name)
+        if name not in IMAGE | NOT_ON_CHECK_PATHS and not req.specifier.contains(here):
+            raise RuntimeError(f"{name} {here} is installed here, pyproject.toml wants {req}")
         out.append(name)
     return out
 
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the kit is {mib:.1f} MiB > {MAX_MIB} MiB", file=sys.stderr)
         return 1
     rel = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
-    print(f"carry: [\"{rel}\"]")
+    print(f'carry: ["{rel}"]')
     print(f"device command: set -o pipefail; bash scripts/gpu_check.sh --kit {rel} 2>&1 | "
           "tee $OUT/gpu_check.log")  # fmt: skip
     return 0
