@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rel = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
     print(f'carry: ["{rel}"]')
-    print(f"device command: set -o pipefail; bash scripts/gpu_check.sh --kit {rel} 2>&1 | "
-          "tee $OUT/gpu_check.log")  # fmt: skip
+    print(f"device command (run from the repository root, timeout_s 560): set -o pipefail; "
+          f"bash scripts/gpu_check.sh --kit {rel} 2>&1 | tee $OUT/gpu_check.log")  # fmt: skip
     return 0
 
 

@@ -17,7 +17,8 @@ its tiny default sizes), loaded with ``model=<dir>``; both on the arithmetic tas
 
 1. ``env``            versions, the device, its memory.
 2. ``matmul_peak``    the matrix-product rate every MFU below is divided by, measured here
-                      (cuda: 8192^3 in bfloat16, CUDA events; cpu: 1024^3 in float32).
+                      (cuda: 8192^3 in bfloat16, CUDA events; cpu: 1024^3 in float32, one
+                      thread, as the runs; a loaded CPU makes every CPU MFU rough).
 3. ``hub_model``      build and save the hub-format Qwen2.
 4. ``<model>/on_policy``  ``python -m replay_exp.train buffer=on_policy``: finished, loss finite
                       at every step, importance ratio 1 (fresh rollouts, mean and extremes within
@@ -150,7 +151,7 @@ def train(overrides: list[str], run_dir: Path, timeout: float, kill_past: int | 
     mem = run_dir.parent / f"{run_dir.name}.{'killed' if kill_past else 'run'}.mem.json"
     log = run_dir.parent / f"{run_dir.name}.{'killed' if kill_past else 'run'}.log"
     cmd = [*PYTHON, "-c", TRAIN_CHILD, str(mem), f"run_dir={run_dir}", *overrides]
-    print("  $ python -m replay_exp.train " + " ".join(cmd[4:]), flush=True)
+    print(f"  $ python -m replay_exp.train run_dir={run_dir} " + " ".join(overrides), flush=True)
     env = {**os.environ, "HYDRA_FULL_ERROR": "1", "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -267,7 +268,8 @@ def compare_runs(a: Path, b: Path) -> dict:
 
 
 def matmul_peak(device: str, dtype_name: str, n: int) -> dict:
-    """FLOP/s of an n x n x n product (3 warm-ups, mean of 10 timed): CUDA events on cuda."""
+    """FLOP/s of an n x n x n product after 3 warm-ups: on cuda the mean of 10 timed with CUDA
+    events; on cpu the fastest of 10 (a shared CPU's other load only slows some of them)."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -285,13 +287,17 @@ def matmul_peak(device: str, dtype_name: str, n: int) -> dict:
             a @ b
         end.record()
         torch.cuda.synchronize()
-        secs = start.elapsed_time(end) / 1e3
+        secs = start.elapsed_time(end) / 1e3 / reps
+        del a, b
+        torch.cuda.empty_cache()  # leave the device to the training runs
     else:
-        t = time.perf_counter()
+        times = []
         for _ in range(reps):
+            t = time.perf_counter()
             a @ b
-        secs = time.perf_counter() - t
-    return {"n": n, "dtype": dtype_name, "flops_per_s": 2 * n**3 * reps / secs}
+            times.append(time.perf_counter() - t)
+        secs = min(times)
+    return {"n": n, "dtype": dtype_name, "flops_per_s": 2 * n**3 / secs}
 
 
 def shared_prefix_gaps(model_dir: Path, device: str, dtype_name: str) -> dict:
@@ -335,6 +341,9 @@ def shared_prefix_gaps(model_dir: Path, device: str, dtype_name: str) -> dict:
     shared, g_shared = logp_and_grads(completion_logits)
     ref, g_full = logp_and_grads(full)
     gap = (shared - ref).abs()
+    model.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "rows": int(ids.shape[0]),

@@ -17,8 +17,8 @@ image packages (the kit builder follows every requirement of a kit package), so 
 cannot hide a wheel missing from the kit. It is linked too, and printed. What the emulation
 cannot show: the image's own versions (Python 3.12, torch 2.11, transformers 5.17).
 
-The kit builder needs PyPI: unreachable, the test skips, except under ``CI=true``, where it
-fails (as tests/test_slurm.py does without a cluster).
+The kit builder needs PyPI (pip's configured index): unreachable, the test skips, except under
+``CI=true``, where it fails (as tests/test_slurm.py does without a cluster).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -60,11 +59,17 @@ def test_check_paths_import_neither_datasets_nor_wandb():
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def _pypi_unreachable() -> str | None:
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=15).close()
-    except OSError as e:
-        return f"PyPI is unreachable ({e})"
+def _index_unreachable(tmp: Path) -> str | None:
+    """Why pip cannot download from its package index (PyPI or the configured one), or None:
+    asks for the kit's smallest wheel, as the builder will."""
+    spec = f"hydra-submitit-launcher=={md.version('hydra-submitit-launcher')}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), spec],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"pip cannot download {spec} (the package index is unreachable?): {last}"
     return None
 
 
@@ -114,7 +119,7 @@ def _drift(kit: set[str]) -> set[str]:
 
 @pytest.mark.slow
 def test_kit_is_complete_on_an_emulated_image(tmp_path):
-    reason = _pypi_unreachable()
+    reason = _index_unreachable(tmp_path / "probe")
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but {reason}: the kit builder downloads from PyPI")
