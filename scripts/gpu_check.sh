@@ -60,6 +60,8 @@ else
   say "no wheels in $kit: the interpreter's own packages only (build it: scripts/build_gpu_kit.py)"
 fi
 export PYTHONPATH="$work/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# Every model is a local folder; the lent machine reaches no hub (never wait for one).
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 # From outside the checkout: replay_exp must come from PYTHONPATH, hydra from the kit or image.
 (cd "$work" && "${PY[@]}" -c 'import hydra, omegaconf, replay_exp.train as t; print("replay_exp from", t.__file__)') ||
   { say "FAIL: the project does not import with the kit"; exit 1; }
