@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_MIB = 40  # the device tool carries 64 MiB per call with the working tree; keep room
 
 # The Python distributions on the lent machine's image ('cuda', kind nvidia-h200), copied from
-# the "Python packages already there" list of /work/.library/device/KINDS.md (read on a machine
+# the "Python packages already there" list of the device tool's KINDS.md (read on a machine
 # running the image on 2026-11-17). The check runs on the image's versions of these (python
 # 3.12.3, torch 2.11.0+cu130, transformers 5.17.0, tokenizers 0.23.2, safetensors 0.8.0,
 # numpy 2.5.2, huggingface_hub 1.33.0, ...), never on carried copies.
