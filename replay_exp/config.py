@@ -250,6 +250,14 @@ def check_values(cfg: DictConfig) -> None:
             )
         if g.kv_cache_memory_bytes is not None:
             _positive("generation.kv_cache_memory_bytes", g.kv_cache_memory_bytes)
+        if str(cfg.device).startswith("cuda:") and str(cfg.device) not in ("cuda:0",):
+            # vLLM's in-process worker takes cuda:<local rank> = cuda:0 (it has no device
+            # argument), so the engine would sit on another GPU than the trainer.
+            _fail(
+                f"device={cfg.device} with generation.backend=vllm: the engine always runs on "
+                f"the first visible GPU; run with CUDA_VISIBLE_DEVICES={cfg.device[5:]} and "
+                "device=cuda instead"
+            )
         if importlib.util.find_spec("vllm") is None:
             _fail(
                 "generation.backend=vllm needs the vllm package, which is not installed: "

@@ -59,7 +59,7 @@ class ModelConfig:
 class TinyModelConfig(ModelConfig):
     """``model=tiny | tiny_qwen2``: built from a config, warm-started."""
 
-    arch: str = MISSING  # llama | qwen2
+    arch: str = MISSING  # llama | qwen2 | qwen3
     hidden_size: int = MISSING
     num_layers: int = MISSING
     num_heads: int = MISSING

@@ -1,34 +1,83 @@
 #!/usr/bin/env bash
-# The GPU check of generation=vllm (scripts/gpu_check.py: engine start, log-probs vs the trainer,
-# RL steps with in-place weight sync, snapshot restore, two 3-step training runs), on one GPU
-# with installed wheels only (pip install -e '.[dev,gpu]'; no hub access needed). About 3-6
-# minutes on one H200; capped at 8 minutes. Prints PASS/FAIL per check; exit code 1 if any
-# failed. Arguments go to gpu_check.py (e.g. --enforce-eager, --skip-train, --json FILE);
-# when $OUT is set, the results are also written to $OUT/gpu_check.json.
-#   PYTHON=python3   the interpreter with torch, vllm and this project installed
+# The device check on the lent GPU machine's image as it is (scripts/gpu_check.py: the embedded
+# default and a ~100 M Qwen2 through the train entrypoint on CUDA in bfloat16, ratio, shared-
+# prompt forward, determinism, kill + resume, tokens/s and MFU, the vLLM checks when vllm
+# imports). Capped at 8 minutes in all (GPU_CHECK_CAP_S); exit code 1 if any check failed.
+#
+#   bash scripts/gpu_check.sh [--kit DIR] [gpu_check.py args, e.g. --device cpu]
+#
+# Stage 0 prints versions and CUDA facts only (seconds: a broken image fails here, cheaply).
+# Stage 1 installs the carry kit (scripts/build_gpu_kit.py: the pure-Python wheels the image
+# lacks; default DIR .gpu_kit) with `pip install --no-index --no-deps --target` into a temporary
+# folder and puts it and this CHECKOUT on PYTHONPATH (the project is never installed), then
+# checks that replay_exp imports from outside the checkout. Stage 2 runs the checks; when $OUT
+# is set they are written to $OUT/gpu_check.json.
+#   PYTHON="python3"   the interpreter (words allowed: PYTHON="python3 -S")
+#   PIP="python3 -m pip"   what installs the kit (default: $PYTHON -m pip)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+read -ra PY <<<"${PYTHON:-python3}"
+read -ra PIP_CMD <<<"${PIP:-${PY[*]} -m pip}"
+CAP=${GPU_CHECK_CAP_S:-480}
+START=$SECONDS
 say() { echo "gpu_check: $*"; }
-
-if ! "$PY" -c 'import vllm' 2>/dev/null; then
-  say "vllm does not import; installing the project with the gpu extra"
-  "$PY" -m pip install -q -e '.[dev,gpu]' || { say "FAIL: pip install -e '.[dev,gpu]'"; exit 1; }
-elif ! "$PY" -c 'import replay_exp' 2>/dev/null; then
-  say "installing the project (editable, no dependencies)"
-  "$PY" -m pip install -q --no-deps -e . ||
-    "$PY" -m pip install -q --no-deps --no-build-isolation -e . ||
-    { say "FAIL: pip install -e ."; exit 1; }
+kit=$ROOT/.gpu_kit
+if [ "${1:-}" = --kit ]; then
+  kit=$2
+  shift 2
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+case $kit in /*) ;; *) kit=$ROOT/$kit ;; esac
 
+say "stage 0: versions"
+timeout 90 "${PY[@]}" - <<'EOF' || { say "FAIL: stage 0 (python, torch or transformers)"; exit 1; }
+import platform, sys
+print("python", platform.python_version(), sys.executable)
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    free, total = torch.cuda.mem_get_info()
+    print(f"device {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+          f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} free)")
+import transformers
+print("transformers", transformers.__version__)
+EOF
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm \
+  --format=csv,noheader 2>/dev/null || say "nvidia-smi: not available"
+
+say "stage 1: the kit ($kit) and the checkout on PYTHONPATH"
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/site"
+shopt -s nullglob
+wheels=("$kit"/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+  "${PIP_CMD[@]}" install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --disable-pip-version-check --target "$work/site" "${wheels[@]}" ||
+    { say "FAIL: pip install of the kit"; exit 1; }
+  say "installed ${#wheels[@]} wheels: $(cd "$kit" && echo *.whl)"
+else
+  say "no wheels in $kit: the interpreter's own packages only (build it: scripts/build_gpu_kit.py)"
+fi
+export PYTHONPATH="$work/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# Every model is a local folder; the lent machine reaches no hub (never wait for one).
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
+# From outside the checkout: replay_exp must come from PYTHONPATH, hydra from the kit or image.
+(cd "$work" && "${PY[@]}" -c 'import hydra, omegaconf, replay_exp.train as t; print("replay_exp from", t.__file__)') ||
+  { say "FAIL: the project does not import with the kit"; exit 1; }
+
+left=$((CAP - (SECONDS - START)))
 args=("$@")
 if [ -n "${OUT:-}" ]; then
   args+=(--json "$OUT/gpu_check.json")
 fi
-timeout --signal=TERM --kill-after=20 480 "$PY" scripts/gpu_check.py "${args[@]}"
+say "stage 2: checks (${left} s left of ${CAP} s)"
+cd "$work" || exit 1
+timeout --signal=TERM --kill-after=15 "$left" \
+  "${PY[@]}" "$ROOT/scripts/gpu_check.py" --budget-s $((left - 25)) "${args[@]}"
 rc=$?
-if [ "$rc" -eq 124 ]; then
-  say "FAIL: timed out after 480 s"
+if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+  say "FAIL: the cap of ${CAP} s was reached"
+  rc=1
 fi
 exit "$rc"

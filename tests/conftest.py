@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+GSM8K = Path(__file__).parent / "fixtures" / "math" / "gsm8k.jsonl"
 
 
 def fast_overrides(tmp_path) -> list[str]:
@@ -47,6 +51,18 @@ def default_overrides(tmp_path) -> list[str]:
 
 
 @pytest.fixture
+def math_small() -> list[str]:
+    """Two steps of a hub-style model (``model=<dir>``) on the GSM8K-format fixture file, with
+    short completions and small batches: seconds on CPU for the tiny hub models below."""
+    return [
+        "task=gsm8k", f"task.path={GSM8K}", "task.n_eval=2", "generation.max_new_tokens=12",
+        "schedule.batch_size=8", "algo.group_size=4", "buffer.capacity=16",
+        "schedule.max_steps=2", "eval.every=2", "eval.n_samples=2", "eval.pass_k=[1,2]",
+        "logger.progress=false", "threads=1", "device=cpu", "checkpoint.every=null",
+    ]  # fmt: skip
+
+
+@pytest.fixture
 def default_small(tmp_path):
     return default_overrides(tmp_path)
 
@@ -69,3 +85,13 @@ def tiny_hub_dir(tmp_path_factory):
     from replay_exp.models.tiny_hub import save_tiny_hub_model
 
     return save_tiny_hub_model(tmp_path_factory.mktemp("tiny_hub") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_hub_dir(tmp_path_factory):
+    """A tiny random Qwen3 shaped like Qwen3-0.6B (``tiny_hub.TINY_QWEN3``: q/k RMS norms,
+    grouped-query attention, head_dim set on its own, padded vocabulary, UNTIED head) with the
+    same BPE tokenizer and chat template, saved like a hub checkpoint."""
+    from replay_exp.models.tiny_hub import save_tiny_hub_model
+
+    return save_tiny_hub_model(tmp_path_factory.mktemp("tiny_hub") / "tiny-qwen3", arch="qwen3")

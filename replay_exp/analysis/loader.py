@@ -68,7 +68,8 @@ class Runs:
 
 def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, Path]]:
     """(root, run_dir) for every run directory under ``paths``: a directory holding
-    metrics.jsonl or config.yaml. A path that is itself a run directory is its own root."""
+    metrics.jsonl or config.yaml. A path that is itself a run directory is its own root.
+    Ordered by root (as given), then by path."""
     if isinstance(paths, str | Path):
         paths = [paths]
     out: list[tuple[Path, Path]] = []
@@ -86,7 +87,10 @@ def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, 
                     out.append((root, child))
                 else:
                     stack.append(child)
-    return sorted(set(out), key=lambda rr: str(rr[1]))
+    rank: dict[Path, int] = {}  # roots in the order given; runs sorted within each root
+    for r, _ in out:
+        rank.setdefault(r, len(rank))
+    return sorted(set(out), key=lambda rr: (rank[rr[0]], str(rr[1])))
 
 
 def _is_run(d: Path) -> bool:
@@ -180,11 +184,13 @@ def from_records(
     the common path of run directories and of W&B runs."""
     configs = [_plain(cfg) for _, _, cfg, _, _ in records]
     keys = varying_keys(configs)
+    names = [",".join(f"{k}={cfg.get(k)}" for k in keys) or "all" for cfg in configs]
     per_run, step_frames = [], []
-    for (run_id, where, _, rows, status), cfg in zip(records, configs, strict=True):
+    for i in _one_per_seed(records, names, configs):
+        (run_id, where, _, rows, status), cfg = records[i], configs[i]
         meta = {
             "run": run_id,
-            "config": ",".join(f"{k}={cfg.get(k)}" for k in keys) or "all",
+            "config": names[i],
             "label": config_label(cfg, keys),
             "seed": cfg.get("seed"),
             "status": status,
@@ -206,6 +212,27 @@ def from_records(
         steps = _sorted(steps, rank, extra=["step"])
     runs = runs.merge(run_summary(steps, metric, x), on="run", how="left")
     return Runs(steps=steps, runs=runs, config_keys=keys)
+
+
+def _one_per_seed(records: Sequence[tuple], names: list[str], configs: list[dict]) -> list[int]:
+    """Indices of the records to keep: one per (configuration, seed). The same configuration
+    reached through two sweeps (``experiment=replay_reuse4`` in one, ``buffer.capacity=512``
+    at y = 4 in another) is one experiment, not two seeds: training is deterministic. The first
+    in the order given (the sweep named first) is kept, with a warning naming the other."""
+    keep, seen = [], {}
+    for i in range(len(records)):
+        seed = configs[i].get("seed")
+        key = (names[i], repr(seed))
+        if seed is not None and key in seen:
+            warnings.warn(
+                f"{records[i][1]}: the same configuration and seed as {seen[key]}; "
+                "counted once (that one kept)",
+                stacklevel=3,
+            )
+            continue
+        seen[key] = records[i][1]
+        keep.append(i)
+    return keep
 
 
 def varying_keys(configs: Sequence[dict[str, Any]]) -> list[str]:

@@ -10,21 +10,30 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from replay_exp.models.tokenizer import load_tokenizer
 
-ARCHS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # Qwen2 plus RMS norms on queries and keys
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
     """A randomly initialised model of architecture ``mcfg.arch`` sized by ``mcfg``."""
     config_cls, model_cls = ARCHS[mcfg.arch]
+    # Qwen3 sets head_dim on its own (default 128, whatever the width): here hidden / heads.
+    extra = {"head_dim": mcfg.hidden_size // mcfg.num_heads} if mcfg.arch == "qwen3" else {}
     config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=mcfg.hidden_size,
@@ -37,11 +46,18 @@ def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **extra,
     )
+    return random_init(model_cls, config, seed).to(DTYPES[mcfg.dtype])
+
+
+def random_init(
+    model_cls: type[PreTrainedModel], config: PreTrainedConfig, seed: int
+) -> PreTrainedModel:
+    """``model_cls(config)`` initialised from ``seed`` (the global RNG is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config)
-    return model.to(DTYPES[mcfg.dtype])
+        return model_cls(config)
 
 
 class ModelLoadError(RuntimeError):

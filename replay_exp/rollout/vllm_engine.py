@@ -5,8 +5,11 @@ How it works (checked against the installed vLLM 0.32.0 source, CPU build ``vllm
 
 1. **In process.** The engine is created with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the
    engine core, its executor (``UniProcExecutor``) and its one worker live in the trainer's
-   process, on the trainer's device, taking ``gpu_memory_utilization`` of the GPU (on CPU,
-   a fixed ``kv_cache_memory_bytes``: the CPU worker counts the whole process's RSS as used).
+   process, taking ``gpu_memory_utilization`` of the GPU (on CPU, a fixed
+   ``kv_cache_memory_bytes``: the CPU worker counts the whole process's RSS as used). The
+   worker has no device argument: it takes ``cuda:<local rank>``, i.e. the first visible GPU,
+   so ``resolve()`` refuses ``device=cuda:N`` for N > 0 (use ``CUDA_VISIBLE_DEVICES=N``).
+   Read from source, not run on a GPU here.
    ``llm.collective_rpc`` then calls the worker directly: weights travel by reference, no
    serialisation, no second process.
 2. **Token ids in, token ids out.** Prompts go in as ``{"prompt_token_ids": [...]}`` with each

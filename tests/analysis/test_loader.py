@@ -172,3 +172,16 @@ def test_overrides_from_name():
 )  # fmt: skip
 def test_config_labels_name_the_meaning(cfg, keys, label):
     assert config_label(cfg, keys) == label
+
+
+def test_the_same_configuration_and_seed_from_two_sweeps_counts_once(sweep, tmp_path):
+    """A configuration reached through two sweeps is one experiment per seed, not two seeds."""
+    other = tmp_path / "other"
+    _write(other / "buffer.capacity=64,seed=0", _config(64, 0), _rows(0.2, None, 0.5), True)
+    _write(other / "buffer.capacity=64,seed=7", _config(64, 7), _rows(0.2, None, 0.6), True)
+    with pytest.warns(UserWarning, match="same configuration and seed as .*sweep"):
+        runs = load_runs([sweep, other])
+    cap64 = runs.runs[runs.runs["buffer.capacity"] == 64]
+    assert sorted(cap64["seed"]) == [0, 1, 7]
+    assert sorted(cap64["run_dir"].str.startswith(str(other))) == [False, False, True]
+    assert len(runs.steps[runs.steps["run_dir"] == str(other / "buffer.capacity=64,seed=0")]) == 0

@@ -29,7 +29,7 @@ def test_char_tokenizer_round_trip_and_left_padding(tmp_path):
     assert again.decode(ids, skip_special_tokens=True) == "ab c, 1+2=3"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_model_from_config_saves_and_loads_with_from_pretrained(arch, tmp_path):
     mcfg = compose([f"model.arch={arch}"]).model
     tok = build_char_tokenizer()

@@ -8,12 +8,15 @@ import torch
 from replay_exp.config import compose
 from replay_exp.models import build_char_tokenizer, build_tiny_model
 from replay_exp.models.shared_prefix import completion_logits, positions, unique_prompts
+from replay_exp.models.tiny import load_pretrained
 from replay_exp.rollout.collect import tokenize_prompts
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny_qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "tiny_qwen3_hub_dir"])
 def model_tok(request):
-    cfg = compose([f"model={request.param}", "model.hidden_size=32", "model.num_layers=2",
+    if request.param == "tiny_qwen3_hub_dir":  # Qwen3-0.6B's shape: GQA, head_dim, untied head
+        return load_pretrained(request.getfixturevalue(request.param))
+    cfg = compose([f"model.arch={request.param}", "model.hidden_size=32", "model.num_layers=2",
                    "model.intermediate_size=64"])  # fmt: skip
     tok = build_char_tokenizer()
     return build_tiny_model(cfg.model, tok, seed=0), tok
@@ -62,4 +65,7 @@ def test_values_and_gradients_match_the_full_forward(model_tok, G):
     m = comp_mask
     assert torch.allclose(shared[m], full[m], atol=1e-5)
     for a, b in zip(g_shared, g_full, strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+        # Float32 sums round relative to the size of what they add: an embedding gradient of
+        # the 512-token Qwen3 reaches ~300, and is 1e-4 off (3.5e-7 of it).
+        scale = max(1.0, float(b.abs().max()) / 10)
+        assert torch.allclose(a, b, atol=1e-5 * scale, rtol=1e-4)
