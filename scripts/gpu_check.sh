@@ -17,6 +17,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 read -ra PY <<<"${PYTHON:-python3}"
+# A relative interpreter path (PYTHON=.venv/bin/python) still works after the cd below.
+case ${PY[0]} in /*) ;; */*) PY[0]=$PWD/${PY[0]} ;; esac
 read -ra PIP_CMD <<<"${PIP:-${PY[*]} -m pip}"
 CAP=${GPU_CHECK_CAP_S:-480}
 START=$SECONDS
