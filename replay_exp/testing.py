@@ -5,6 +5,8 @@
   version 0, uids counting from ``uid_start``, each rollout its own group.
 - :func:`random_rollouts`: R rollouts of random lengths and ids, seeded, for buffer and
   checkpoint streams.
+- :func:`without_wall_clock`: metric rows less the wall-clock measurements, which differ
+  between any two runs; everything else is equal for the same config and seed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ import torch
 from replay_exp.types import RolloutBatch
 
 Values = torch.Tensor | Sequence[float] | float | None
+# Metric-name prefixes of wall-clock measurements (differ between any two runs of a config).
+WALL_CLOCK_KEYS = ("compute/seconds", "compute/measured_mu")
+
+
+def without_wall_clock(rows: Sequence[dict]) -> list[dict]:
+    """``rows`` (metrics.jsonl records) without their :data:`WALL_CLOCK_KEYS` entries."""
+    return [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK_KEYS)} for r in rows]
 
 
 def _column(value: Values, n: int, dtype: torch.dtype, default: float) -> torch.Tensor:

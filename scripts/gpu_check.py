@@ -61,7 +61,6 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parent
 # -S passes on to every child (tests/test_gpu_kit.py runs the check without site-packages).
 PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
-TIMING = ("compute/seconds", "compute/measured_mu")  # wall clock: differs between any two runs
 # Tolerances per dtype: |log-prob difference| (max, mean); relative gradient difference.
 LOGP_TOL = {"float32": (1e-4, 1e-5), "bfloat16": (0.3, 0.03)}
 GRAD_TOL = {"float32": 1e-3, "bfloat16": 0.1}
@@ -236,11 +235,13 @@ def speed(rows: list[dict], peak_flops: float | None) -> dict:
 def compare_runs(a: Path, b: Path) -> dict:
     """Differences between two runs' outputs: metrics (wall clock aside), eval details, final
     weights. ``equal`` is bitwise equality of all three."""
+    from replay_exp.testing import WALL_CLOCK_KEYS
+
     ra, rb = read_rows(a), read_rows(b)
     diffs, first = [], None
     for x, y in zip(ra, rb, strict=False):
         for k in sorted(set(x) | set(y)):
-            if k.startswith(TIMING) or x.get(k) == y.get(k):
+            if k.startswith(WALL_CLOCK_KEYS) or x.get(k) == y.get(k):
                 continue
             first = first or f"step {x.get('step')} {k}: {x.get(k)} vs {y.get(k)}"
             u, v = x.get(k), y.get(k)

@@ -22,12 +22,12 @@ import torch
 
 from replay_exp.config import compose, resolve
 from replay_exp.logging import read_metrics
+from replay_exp.testing import without_wall_clock
 from replay_exp.train import run
 
 pytestmark = pytest.mark.slow
 
 GOLDEN = Path(__file__).parent / "golden" / "default_small.json"
-TIMING = ("compute/seconds", "compute/measured_mu")  # wall clock: differs between any two runs
 # conftest.default_overrides without the cache dir (a shipped warm start needs none), 6 steps,
 # two threads (a fixed split of the work, whatever the core count).
 OVERRIDES = [
@@ -44,7 +44,7 @@ def _metrics(tmp_path) -> list[dict]:
     cfg, derived = resolve(compose([*OVERRIDES, f"run_dir={tmp_path / 'run'}"]))
     run(cfg, derived, tmp_path / "run")
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+    return without_wall_clock(rows)
 
 
 def test_a_short_default_run_logs_the_pinned_metrics(tmp_path):

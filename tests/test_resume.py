@@ -19,10 +19,9 @@ import time
 import pytest
 
 from replay_exp.logging import read_metrics
+from replay_exp.testing import without_wall_clock
 
 pytestmark = pytest.mark.slow
-
-TIMING = ("compute/seconds", "compute/measured_mu")  # wall clock: differs between any two runs
 
 
 def _command(fast, run_dir, *extra) -> list[str]:
@@ -62,10 +61,6 @@ def _files(run_dir) -> dict:
         for p in sorted(run_dir.rglob("*"))
         if p.is_file()
     }
-
-
-def _without_timing(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
 @pytest.mark.parametrize(
@@ -108,8 +103,8 @@ def test_killed_run_resumes_to_the_same_metrics(base, variant, request, tmp_path
     proc = _launch(_command(fast, killed, *variant), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resuming from" in (killed / "train.log").read_text()
-    got = _without_timing(read_metrics(killed / "metrics.jsonl"))
-    want = _without_timing(read_metrics(full / "metrics.jsonl"))
+    got = without_wall_clock(read_metrics(killed / "metrics.jsonl"))
+    want = without_wall_clock(read_metrics(full / "metrics.jsonl"))
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(9))
     assert got == want
     details = "eval_details.jsonl"  # per-problem eval results: truncated and continued too

@@ -18,10 +18,9 @@ from replay_exp.rollout import HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts
 from replay_exp.schedule import derive_seed
 from replay_exp.tasks import make_task
+from replay_exp.testing import without_wall_clock
 from replay_exp.train import run
 from replay_exp.update import policy_update
-
-TIMING = ("compute/seconds", "compute/measured_mu")  # wall-clock measurements vary run to run
 
 
 def _run(overrides: list[str], run_dir):
@@ -72,19 +71,15 @@ def test_two_steps_change_parameters_and_log_expected_keys(fast, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
 
 
-def _without_timing(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
-
-
 def test_same_config_and_seed_give_identical_metrics(fast, tmp_path):
     over = [*fast, "schedule.max_steps=3", "schedule.rollouts_per_step=8", "seed=3"]
     _run(over, tmp_path / "a")
     _run(over, tmp_path / "b")
-    a = _without_timing(read_metrics(tmp_path / "a" / "metrics.jsonl"))
-    b = _without_timing(read_metrics(tmp_path / "b" / "metrics.jsonl"))
+    a = without_wall_clock(read_metrics(tmp_path / "a" / "metrics.jsonl"))
+    b = without_wall_clock(read_metrics(tmp_path / "b" / "metrics.jsonl"))
     assert a == b
     _run([*over[:-1], "seed=4"], tmp_path / "c")  # and the seed matters
-    assert _without_timing(read_metrics(tmp_path / "c" / "metrics.jsonl")) != a
+    assert without_wall_clock(read_metrics(tmp_path / "c" / "metrics.jsonl")) != a
 
 
 def test_default_thread_count_is_deterministic(default_small, tmp_path):
@@ -95,8 +90,8 @@ def test_default_thread_count_is_deterministic(default_small, tmp_path):
     _, _, d = _run(over, tmp_path / "a")
     assert d.threads == (os.cpu_count() or 1)
     _run(over, tmp_path / "b")
-    a = _without_timing(read_metrics(tmp_path / "a" / "metrics.jsonl"))
-    b = _without_timing(read_metrics(tmp_path / "b" / "metrics.jsonl"))
+    a = without_wall_clock(read_metrics(tmp_path / "a" / "metrics.jsonl"))
+    b = without_wall_clock(read_metrics(tmp_path / "b" / "metrics.jsonl"))
     assert len(a) == 7 and a == b
     weights = "final_model/model.safetensors"
     assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
