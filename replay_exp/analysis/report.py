@@ -195,7 +195,10 @@ def make_report(
     axes = heatmap_axes(runs)
     if axes is not None:
         best_table, best_target = target_table(steps, x, metric, frac=frac)
-        best_table = best_table[best_table["label"] != base]
+        # Every replay configuration is a cell, a --baseline one included; an on-policy one
+        # has no place on the N x (W, T) grid.
+        on_policy = set(runs.runs.loc[is_baseline(runs.runs), "config"])
+        best_table = best_table[~best_table["config"].isin(on_policy)]
         meta = runs.runs.drop_duplicates("config").set_index("config")
         if SPLIT in axes:
             meta[SPLIT] = [split_label(row) for row in meta.to_dict("records")]

@@ -84,6 +84,13 @@ def test_report_heatmap_over_n_and_the_node_split(tiny_sweeps, tmp_path):
     assert set(heat["label"]) == {"N=32, (6,2)", "N=32, (4,4)", "N=64, (6,2)", "N=64, (4,4)"}
     assert not (out / "passk_gain.png").exists()  # no baseline in this sweep
     assert "No on-policy baseline" in (out / "summary.md").read_text()
+    # A replay configuration named as the baseline keeps its cell.
+    out = tmp_path / "report_vs_cell"
+    proc = _report(tiny_sweeps["heatmap"], "--out", out, "--x", "compute", "--baseline",
+                   "N=32, (6,2)")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    heat = pd.read_csv(out / "heatmap.csv")
+    assert len(heat) == 4 and "N=32, (6,2)" in set(heat["label"])
 
 
 def test_report_survives_damaged_runs_and_writes_into_the_sweep(tiny_sweeps, tmp_path):
