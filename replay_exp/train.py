@@ -72,7 +72,7 @@ from replay_exp.models import load_policy
 from replay_exp.rollout import HFGenerator, SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, recompute_behaviour_logp
 from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
-from replay_exp.runtime import join_slurm, run_distributed, slurm_rank
+from replay_exp.runtime import RankFailed, join_slurm, run_distributed, slurm_rank
 from replay_exp.schedule import Every, OnGrid, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
@@ -391,7 +391,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         kind = "config error" if isinstance(e, ConfigError) else "resume error"
         print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(2)
-    return run(resolved, derived, start.run_dir, start)
+    try:
+        return run(resolved, derived, start.run_dir, start)
+    except RankFailed as e:  # runtime=distributed: one line; the snapshot is on disk
+        print(f"runtime error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def cli() -> None:

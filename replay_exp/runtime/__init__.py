@@ -9,6 +9,6 @@ emulation of ``schedule=async``).
 - ``channels``: the point-to-point messages and the heartbeats.
 """
 
-from replay_exp.runtime.launch import join_slurm, run_distributed, slurm_rank
+from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
 
-__all__ = ["join_slurm", "run_distributed", "slurm_rank"]
+__all__ = ["RankFailed", "join_slurm", "run_distributed", "slurm_rank"]

@@ -139,7 +139,7 @@ def split_by_trainer(batch: RolloutBatch, T: int) -> list[tuple[int, RolloutBatc
 
 
 def batch_to_dict(batch: RolloutBatch) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in vars(batch).items()}
+    return {k: v.cpu() for k, v in vars(batch).items()}
 
 
 def batch_from_dict(d: dict[str, torch.Tensor]) -> RolloutBatch:

@@ -36,6 +36,11 @@ log = logging.getLogger("replay_exp")
 START_KEY = "start"
 
 
+class RankFailed(RuntimeError):
+    """A rank of a distributed run exited with an error; the message is one line saying which
+    and how to go on (relaunch: the run resumes from its newest snapshot)."""
+
+
 def slurm_rank() -> tuple[int, int] | None:
     """(rank, world size) inside a SLURM job step with several tasks, else None."""
     n = int(os.environ.get("SLURM_NTASKS", "1") or 1)
@@ -134,7 +139,7 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
                     log.error("rank %d (%s, pid %d) exited with code %s", rank, role, p.pid,
                               p.exitcode)  # fmt: skip
                     if rank < T:  # the trainers' collectives cannot go on
-                        raise RuntimeError(
+                        raise RankFailed(
                             f"{role} (rank {rank}) exited with code {p.exitcode}; relaunch to "
                             "resume from the newest snapshot"
                         )
@@ -152,7 +157,7 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
                 if p.is_alive():
                     p.kill()
     if procs[0].exitcode != 0:
-        raise RuntimeError(
+        raise RankFailed(
             f"trainer rank 0 exited with code {procs[0].exitcode} (see {run_dir}/train.log); "
             "relaunch to resume from the newest snapshot"
         )

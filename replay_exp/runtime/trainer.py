@@ -191,6 +191,7 @@ def run_trainer(
     # Per generator: rollouts received here, the newest batch index seen.
     received, newest = dict.fromkeys(generators, 0), dict.fromkeys(generators, -1)
     first_eval, last_eval, start = None, {}, 0
+    counts = {"wait_seconds": 0.0, "arrived_step": 0, "reward_sum_step": 0.0, "replica_checks": 0}
     if snap is not None:
         st = snap.trainer["runtime"]
         buffer.load_state_dict(snap.states["buffers"][rank])
@@ -198,6 +199,7 @@ def run_trainer(
         load_optimizer_state(model, optimizer, snap.states["optimizer"], r.wrapper)
         received = {gr: int(st["received"][str(rank)][str(gr - T)]) for gr in generators}
         newest = {gr: int(st["next_batch"][str(gr - T)]) - 1 for gr in generators}
+        counts["replica_checks"] = int(st["replica_checks"])
         first_eval, last_eval = snap.trainer["first_eval"], snap.trainer["last_eval"]
         start = snap.step
     del snap
@@ -211,7 +213,6 @@ def run_trainer(
     sync = Every(s.sync_every)
     snapshot_due = Every(cfg.checkpoint.every) if cfg.checkpoint.every else (lambda step: False)
     B_rank = s.batch_size // T
-    counts = {"wait_seconds": 0.0, "arrived_step": 0, "reward_sum_step": 0.0, "replica_checks": 0}
 
     logger = details_log = snapshots = evaluator = None
     if lead:
@@ -275,6 +276,7 @@ def run_trainer(
         return {
             "received": {str(t): every[t]["received"] for t in range(T)},
             "next_batch": {str(w): max(e["newest"][str(w)] for e in every) + 1 for w in range(W)},
+            "replica_checks": counts["replica_checks"],
         }
 
     def save(step: int) -> None:
