@@ -228,9 +228,15 @@ def _log_to(path: Path, rank: int, console: bool) -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     root = logging.getLogger()
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(name)s %(message)s"))
-    root.addHandler(handler)
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(name)s %(message)s")
+    mine = [h for h in root.handlers if isinstance(h, logging.FileHandler)
+            and Path(h.baseFilename) == path.resolve()]  # fmt: skip
+    if mine:  # SLURM task 0 runs in the entrypoint's process, which already writes train.log
+        mine[0].setFormatter(fmt)
+    else:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
     if console and not any(isinstance(h, logging.StreamHandler) and not isinstance(
             h, logging.FileHandler) for h in root.handlers):  # fmt: skip
         root.addHandler(logging.StreamHandler())
