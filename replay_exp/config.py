@@ -57,6 +57,7 @@ REGISTRIES: dict[str, Any] = {
     "generation": BACKENDS,
     "logger": LOGGERS,
     "schedule": ("sync", "async"),
+    "runtime": ("emulated", "distributed"),
 }
 
 __all__ = [
@@ -383,6 +384,50 @@ def check_values(cfg: DictConfig) -> None:
     problem = check_buffer_config(b)
     if problem:
         _fail(problem)
+
+    # Runtime: the real W + T processes take W, T and the shards from schedule=async.
+    if cfg.runtime.name == "distributed":
+        check_distributed(cfg)
+
+
+def check_distributed(cfg: DictConfig) -> None:
+    """``runtime=distributed``: the schedule, buffer and generation settings it can run."""
+    r, s, b, g = cfg.runtime, cfg.schedule, cfg.buffer, cfg.generation
+    if r.wrapper not in ("ddp", "fsdp"):
+        _fail(f"runtime.wrapper={r.wrapper} is unknown; choose ddp or fsdp")
+    if r.backend not in ("auto", "gloo", "nccl"):
+        _fail(f"runtime.backend={r.backend} is unknown; choose auto, gloo or nccl")
+    if r.backend == "nccl" and not str(cfg.device).startswith("cuda"):
+        _fail(f"runtime.backend=nccl needs device=cuda (given device={cfg.device})")
+    if s.name != "async":
+        _fail(
+            f"runtime=distributed runs the node of schedule=async (W generators, T trainers); "
+            f"given schedule={s.name}"
+        )
+    if b.shards != s.trainers:
+        _fail(
+            f"runtime=distributed gives each of the schedule.trainers={s.trainers} trainer ranks "
+            f"its own buffer shard: set buffer.shards={s.trainers} (given {b.shards})"
+        )
+    if s.batch_size % s.trainers:
+        _fail(
+            f"schedule.batch_size={s.batch_size} is not a multiple of "
+            f"schedule.trainers={s.trainers} (each trainer rank takes B/T)"
+        )
+    if s.sync_lag:
+        _fail(
+            f"schedule.sync_lag={s.sync_lag} emulates a weight-push delay; under "
+            "runtime=distributed the delay is real: set schedule.sync_lag=0"
+        )
+    if g.behaviour_logp != "engine":
+        _fail(
+            "generation.behaviour_logp=trainer needs the trainer's weights in the generator's "
+            "process; under runtime=distributed use generation.behaviour_logp=engine"
+        )
+    for key in ("heartbeat_timeout_s", "rendezvous_timeout_s"):
+        _positive(f"runtime.{key}", r[key])
+    if r.groups_per_batch is not None:
+        _positive("runtime.groups_per_batch", r.groups_per_batch)
 
 
 class Arrivals(NamedTuple):

@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from replay_exp.checkpoint import atomic_write_text
+
 log = logging.getLogger("replay_exp")
 
 
@@ -201,3 +203,32 @@ def flatten(d: dict[str, Any], sep: str, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def prefixed(prefix: str, d: dict[str, Any]) -> dict[str, Any]:
+    """``{k: v}`` -> ``{"prefix/k": v}``."""
+    return {f"{prefix}/{k}": v for k, v in d.items()}
+
+
+def update_metrics(stats: dict[str, Any]) -> dict[str, Any]:
+    """A policy update's stats as row keys: ``loss/*``, and the diagnostics ``diag/*`` as
+    they are (without their timing, which is not a metric)."""
+    out = prefixed("loss", {k: v for k, v in stats.items() if not k.startswith("diag/")})
+    out.update({k: v for k, v in stats.items() if k.startswith("diag/") and k != "diag/seconds"})
+    return out
+
+
+def format_eval(metrics: dict[str, float]) -> str:
+    """The key eval metrics on one console line."""
+    keys = ["eval/pass@1", "eval/pass@8_sampled", "eval/sample_reward", "eval/entropy"]
+    return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in keys if k in metrics)
+
+
+def write_telemetry(run_dir: str | Path, step: int, telemetry: dict, logger=None) -> None:
+    """``buffer_telemetry.json``: a buffer's cumulative per-use histograms (off-policiness,
+    age, previous uses, steps since last use, replay count; the paper's Figure 2) up to
+    ``step``, rewritten atomically at every evaluation (and sent to ``logger``, if given)."""
+    payload = {"step": step, "bins": "0..63 then one overflow bin", **telemetry}
+    atomic_write_text(Path(run_dir) / "buffer_telemetry.json", json.dumps(payload))
+    if logger is not None:
+        logger.log_histograms(step, telemetry)

@@ -158,6 +158,28 @@ class AsyncScheduleConfig(ScheduleConfig):
     gpus: int | None = MISSING  # W + T; null = W and T as given
 
 
+# --- runtime ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RuntimeConfig:
+    """``runtime=emulated``: the single-process loop (``schedule=async`` emulates the node)."""
+
+    name: str = MISSING  # emulated | distributed
+
+
+@dataclass
+class DistributedRuntimeConfig(RuntimeConfig):
+    """``runtime=distributed``: W generator + T trainer processes (replay_exp.runtime)."""
+
+    backend: str = MISSING  # auto | gloo | nccl: the trainers' gradient collectives
+    wrapper: str = MISSING  # ddp | fsdp
+    groups_per_batch: int | None = MISSING  # prompt groups per generation call; null: B/(G T)
+    heartbeat_timeout_s: float = MISSING  # a silent generator is declared dead after this
+    rendezvous_timeout_s: float = MISSING  # ranks wait this long for each other at start
+    check_replicas: bool = MISSING  # compare the trainers' weights after every step (ddp)
+
+
 # --- algo -------------------------------------------------------------------------------------
 
 
@@ -277,6 +299,7 @@ class TrainConfig:
     generation: Any = MISSING
     eval: Any = MISSING
     logger: Any = MISSING
+    runtime: Any = MISSING
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = MISSING
@@ -310,11 +333,12 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "generation": {"hf": HFGenerationConfig, "vllm": VLLMGenerationConfig},
     "eval": {"default": EvalConfig},
     "logger": {"jsonl": LoggerConfig, "wandb": WandbLoggerConfig},
+    "runtime": {"emulated": RuntimeConfig, "distributed": DistributedRuntimeConfig},
 }
 # The key of each group's node that names its option (model and eval have none: their
 # schema is chosen by the YAML alone).
 NAME_KEYS = {"task": "name", "buffer": "name", "schedule": "name", "algo": "name",
-             "generation": "backend", "logger": "name"}  # fmt: skip
+             "generation": "backend", "logger": "name", "runtime": "name"}  # fmt: skip
 
 
 def register_configs() -> None:

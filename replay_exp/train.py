@@ -60,11 +60,19 @@ from replay_exp.config import (
     resolve,
 )
 from replay_exp.evaluate import encode_details, evaluate
-from replay_exp.logging import MetricsWriter, make_logger
+from replay_exp.logging import (
+    MetricsWriter,
+    format_eval,
+    make_logger,
+    prefixed,
+    update_metrics,
+    write_telemetry,
+)
 from replay_exp.models import load_policy
-from replay_exp.rollout import HFGenerator, SamplingParams, make_generator
+from replay_exp.rollout import HFGenerator, SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, recompute_behaviour_logp
 from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
+from replay_exp.runtime import RankFailed, join_slurm, run_distributed, slurm_rank
 from replay_exp.schedule import Every, OnGrid, WeightHistory, derive_seed, make_arrivals
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
@@ -138,6 +146,8 @@ def _run_locked(
         derived.total_steps,
     )
     try:
+        if cfg.runtime.name == "distributed":  # W + T processes (replay_exp.runtime)
+            return run_distributed(cfg, derived, run_dir, start.snapshot)
         return _train(cfg, derived, run_dir, start.snapshot)
     finally:
         logging.getLogger().removeHandler(file_log)
@@ -164,7 +174,7 @@ def _train(
         policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
     )
     share = s.sync_every == 1 and s.sync_lag == 0  # the generator samples the trainer's weights
-    model_dir = _generator_model_dir(cfg, source, policy, tokenizer, run_dir)
+    model_dir = engine_model_dir(cfg, source, policy, tokenizer, run_dir / "generator_model")
     generator = make_generator(
         g, policy, tokenizer, share_weights=share, model_dir=model_dir,
         max_model_len=d.max_prompt_len + d.max_new_tokens, dtype=d.dtype,
@@ -248,8 +258,8 @@ def _train(
     else:
         if cfg.eval.at_start:
             first_eval = run_eval(0)
-            logger.log({"step": 0, **first_eval, **_prefixed("compute", ledger.metrics())})
-            log.info("step 0 | %s", _fmt(first_eval))
+            logger.log({"step": 0, **first_eval, **prefixed("compute", ledger.metrics())})
+            log.info("step 0 | %s", format_eval(first_eval))
         last_eval: dict[str, float] = dict(first_eval or {})
         if snapshot_due(0):
             snapshots.save(0, first_eval=first_eval, last_eval=last_eval)
@@ -305,14 +315,14 @@ def _train(
             if log_due(version) or version == d.total_steps:
                 row = {"step": version, "policy/version": version}
                 row.update(step_metrics(fresh, batch, stats, buffer, generator))
-                row.update(_prefixed("generation", logp_stats))
+                row.update(prefixed("generation", logp_stats))
             if eval_due(x_before, eval_x()) or version == d.total_steps:
                 last_eval = run_eval(version)
-                write_telemetry(run_dir, version, buffer, logger)
+                write_telemetry(run_dir, version, buffer.telemetry(), logger)
                 row.update({"step": version, **last_eval})
-                log.info("step %d | %s", version, _fmt(last_eval))
+                log.info("step %d | %s", version, format_eval(last_eval))
             if row:
-                row.update(_prefixed("compute", ledger.metrics()))
+                row.update(prefixed("compute", ledger.metrics()))
                 logger.log(row)
             if snapshot_due(version):
                 snapshots.save(version, first_eval=first_eval, last_eval=last_eval)
@@ -340,33 +350,8 @@ def _train(
         tokenizer.save_pretrained(run_dir / "final_model")
     # Last and atomic: "finished" means everything above is on disk (relaunches skip the run).
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    log.info("done: %s", _fmt(last_eval))
+    log.info("done: %s", format_eval(last_eval))
     return summary
-
-
-def _generator_model_dir(cfg, source: str, policy, tokenizer, run_dir: Path) -> str | None:
-    """Where an engine-based backend loads its architecture from: the policy's own source
-    when its config is unchanged, else (random init, untied head) a save of the policy."""
-    if cfg.generation.backend == "hf":
-        return None
-    untied = cfg.model.pretrained and cfg.model.tie_word_embeddings is False
-    if source != "random-init" and not untied:
-        return source
-    path = run_dir / "generator_model"
-    policy.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def write_telemetry(run_dir: Path, step: int, buffer, logger=None) -> None:
-    """``buffer_telemetry.json``: the buffer's cumulative per-use histograms (off-policiness,
-    age, previous uses, steps since last use, replay count; the paper's Figure 2) up to
-    ``step``, rewritten atomically at every evaluation (and sent to ``logger``, if given)."""
-    telemetry = buffer.telemetry()
-    payload = {"step": step, "bins": "0..63 then one overflow bin", **telemetry}
-    atomic_write_text(run_dir / "buffer_telemetry.json", json.dumps(payload))
-    if logger is not None:
-        logger.log_histograms(step, telemetry)
 
 
 def step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
@@ -379,9 +364,8 @@ def step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
             nan if fresh is None else float(fresh.completion_mask_BxC.sum(1).float().mean())
         ),
         "train/batch_reward": nan if batch is None else float(batch.reward_B.mean()),
-        **_prefixed("loss", {k: v for k, v in stats.items() if not k.startswith("diag/")}),
-        **{k: v for k, v in stats.items() if k.startswith("diag/") and k != "diag/seconds"},
-        **_prefixed("buffer", buffer.stats()),
+        **update_metrics(stats),
+        **prefixed("buffer", buffer.stats()),
         "policy/generator_version": generator.version,
     }
 
@@ -393,19 +377,13 @@ def _lengths(batch) -> torch.Tensor:
     return batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
 
 
-def _prefixed(prefix: str, d: dict[str, Any]) -> dict[str, Any]:
-    return {f"{prefix}/{k}": v for k, v in d.items()}
-
-
-def _fmt(metrics: dict[str, float]) -> str:
-    keys = ["eval/pass@1", "eval/pass@8_sampled", "eval/sample_reward", "eval/entropy"]
-    return "  ".join(f"{k.removeprefix('eval/')} {metrics[k]:.3f}" for k in keys if k in metrics)
-
-
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         resolved, derived = resolve(cfg)
+        if resolved.runtime.name == "distributed" and (slurm_rank() or (0,))[0] > 0:
+            # A SLURM task other than 0 of a distributed run: task 0 prepares run_dir.
+            return join_slurm(resolved, derived, Path(resolved.run_dir))
         with warnings.catch_warnings():  # run() logs skipped snapshots; errors name them
             warnings.simplefilter("ignore", SnapshotWarning)
             start = prepare_run_dir(resolved, derived)
@@ -413,7 +391,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         kind = "config error" if isinstance(e, ConfigError) else "resume error"
         print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(2)
-    return run(resolved, derived, start.run_dir, start)
+    try:
+        return run(resolved, derived, start.run_dir, start)
+    except RankFailed as e:  # runtime=distributed: one line; the snapshot is on disk
+        print(f"runtime error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def cli() -> None:

@@ -36,7 +36,12 @@ its tiny default sizes), loaded with ``model=<dir>``; both on the arithmetic tas
 8. ``resume``         the same run SIGKILLed once a snapshot past step 2 is on disk, relaunched:
                       equal to the uninterrupted run as in tests/test_resume.py; if not, the
                       difference against the run-to-run difference of check 7.
-9. ``vllm``           scripts/gpu_check_vllm.py (engine, log-probs, weight sync, snapshot,
+9. ``async_runtime``  runtime=distributed (replay_exp/runtime): one generator and one trainer
+                      process on the device, hf generators, the default model: finished, every
+                      rollout accounted for; reuse, mu T / W and steps/s reported.
+10. ``async_runtime_vllm``  the same with vLLM generators (generation=vllm, the hub model,
+                      gpu_memory_utilization 0.3) when ``import vllm`` works; SKIP otherwise.
+11. ``vllm``          scripts/gpu_check_vllm.py (engine, log-probs, weight sync, snapshot,
                       ``generation=vllm`` runs) with ``--device``, only when ``import vllm``
                       works; SKIP otherwise.
 """
@@ -568,6 +573,41 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     checks.run("resume", _resume, need_s=30)
+
+    # The real asynchronous runtime (runtime=distributed): W=1 generator + T=1 trainer process
+    # sharing the device, hf generators; then the same with vLLM generators where vllm imports.
+    dist_args = [
+        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+        "schedule.trainers=1", "buffer=fifo", "buffer.capacity=256", "buffer.shards=1",
+    ]  # fmt: skip
+
+    def _async(nums, backend="hf"):
+        if backend == "vllm":
+            if args.skip_vllm:
+                raise Skip("--skip-vllm")
+            probe = subprocess.run([*PYTHON, "-c", "import vllm"], capture_output=True,
+                                   timeout=min(120, checks.left()), cwd=tmp)  # fmt: skip
+            if probe.returncode != 0:
+                raise Skip("import vllm fails (no vLLM in this image)")
+        model = "default" if backend == "hf" else "hub"
+        extra = []
+        if backend == "vllm":  # the engine shares the GPU with the trainer process
+            extra = ["generation=vllm", "generation.gpu_memory_utilization=0.3"]
+        run_dir = tmp / model / f"async_{backend}"
+        overrides = merge(model_args(model), common, dist_args, extra)
+        rc, tail, _ = train(overrides, run_dir, run_timeout())
+        finished(run_dir, rc, tail, steps)
+        rt = json.loads((run_dir / "summary.json").read_text())["runtime"]
+        nums.update({k: v for k, v in rt.items() if k != "off_policiness_hist"})
+        assert rt["balanced"], f"rollouts unaccounted for: {rt}"
+        return (
+            f"{steps} steps, W=1 T=1 ({backend}): reuse {rt['reuse']:.2f} (mu T/W "
+            f"{rt['first_order_reuse']:.2f}), {rt['steps_per_second']:.2f} steps/s, "
+            f"{rt['generated']} rollouts all accounted for"
+        )
+
+    checks.run("async_runtime", _async, need_s=30)
+    checks.run("async_runtime_vllm", lambda nums: _async(nums, "vllm"), need_s=60)
 
     def _vllm(nums):
         if args.skip_vllm:

@@ -37,6 +37,8 @@ def _offline_extras(group: str, option: str, tiny_hub_dir: Path) -> list[str]:
     math tasks (and the generic pretrained option), a local dataset file."""
     if group == "model" and option == "pretrained":
         return [f"model.pretrained={tiny_hub_dir}"]
+    if group == "runtime" and option == "distributed":  # the real node of schedule=async
+        return ["schedule=async", "buffer.shards=2"]
     if group == "task" and option != "arithmetic":
         path = GSM8K.with_name(MATH_FIXTURE[option])
         return [f"model={tiny_hub_dir}", f"task.path={path}", "task.n_eval=2"]
@@ -93,8 +95,25 @@ def test_derivations(overrides, R, y, x, steps):
     )
 
 
+DIST = ["runtime=distributed", "schedule=async", "buffer.shards=2"]
 BAD = [
     (["schedule.batch_size=0"], "schedule.batch_size=0 must be > 0"),
+    (["runtime=distributed"],
+     "runtime=distributed runs the node of schedule=async (W generators, T trainers); given "
+     "schedule=sync"),
+    (["runtime=distributed", "schedule=async"],
+     "runtime=distributed gives each of the schedule.trainers=2 trainer ranks its own buffer "
+     "shard: set buffer.shards=2 (given 1)"),
+    ([*DIST, "runtime.wrapper=zero3"], "runtime.wrapper=zero3 is unknown; choose ddp or fsdp"),
+    ([*DIST, "runtime.backend=nccl", "device=cpu"],
+     "runtime.backend=nccl needs device=cuda (given device=cpu)"),
+    ([*DIST, "schedule.sync_lag=1"],
+     "schedule.sync_lag=1 emulates a weight-push delay; under runtime=distributed the delay is "
+     "real: set schedule.sync_lag=0"),
+    ([*DIST, "generation.behaviour_logp=trainer"],
+     "generation.behaviour_logp=trainer needs the trainer's weights in the generator's process; "
+     "under runtime=distributed use generation.behaviour_logp=engine"),
+    ([*DIST, "runtime.heartbeat_timeout_s=0"], "runtime.heartbeat_timeout_s=0.0 must be > 0"),
     (
         ["schedule.rollouts_per_step=12"],
         "schedule.rollouts_per_step=12 is not a multiple of algo.group_size=8",

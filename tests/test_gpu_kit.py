@@ -172,5 +172,6 @@ def test_kit_is_complete_on_an_emulated_image(tmp_path):
         "env": "PASS", "matmul_peak": "PASS", "hub_model": "PASS",
         "default/on_policy": "PASS", "default/fifo": "PASS", "default/shared_prefix": "PASS",
         "hub/on_policy": "PASS", "hub/fifo": "PASS", "hub/shared_prefix": "PASS",
-        "determinism": "PASS", "resume": "PASS", "vllm": "SKIP",
+        "determinism": "PASS", "resume": "PASS", "async_runtime": "PASS",
+        "async_runtime_vllm": "SKIP", "vllm": "SKIP",
     }  # fmt: skip

@@ -161,3 +161,27 @@ def test_requeue_resumes_from_snapshot(fast, tmp_path):
     assert _finished(run_dir)
     assert _steps(run_dir) == list(range(steps + 1))  # complete, no duplicates
     assert "Bypassing signal SIGTERM" in log.read_text() + (log.with_suffix(".err")).read_text()
+
+
+def test_distributed_run_is_one_slurm_job_with_w_plus_t_tasks(fast, tmp_path):
+    """``runtime=distributed`` under ``launcher=slurm``: one job whose W + T = 2 tasks are the
+    ranks (task 0 the trainer, task 1 the generator); it finishes with every rollout
+    accounted for."""
+    cmd = _sweep(
+        fast, tmp_path, "hydra.launcher.tasks_per_node=2", "hydra.launcher.mem_gb=2",
+        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+        "schedule.trainers=1", "schedule.max_steps=8", "seed=0",
+    )  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=400
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out" / "job_0"
+    assert _finished(run_dir)
+    rt = json.loads((run_dir / "summary.json").read_text())["runtime"]
+    assert rt["balanced"] and rt["generated"] == rt["received"] > 0
+    log = (run_dir / "train.log").read_text()
+    assert "rank0 " in log and "rank1 " in log  # both ranks ran, as tasks of one job
+    logs = _submitit_logs(tmp_path)
+    job_ids = {re.search(r"job_id=(\d+)", p.read_text()).group(1) for p in logs}
+    assert len(job_ids) == 1, job_ids

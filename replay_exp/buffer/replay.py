@@ -18,6 +18,8 @@ The buffer owns a ``numpy.random.Generator(PCG64(seed))``; its state is part of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from replay_exp.buffer.base import EmptyBufferError, Eviction, ReplayBuffer
@@ -115,6 +117,12 @@ class PolicyBuffer(ReplayBuffer):
         """Bytes of the store's arrays (the bulk of the memory)."""
         return self.store.nbytes()
 
+    def view(self) -> BufferView:
+        return BufferView(
+            self.store.live_values("uses"), self.store.live_values("reward"),
+            self.store.capacity, dict(self.counters), self.tele,
+        )  # fmt: skip
+
     def state_dict(self) -> dict:
         return {
             "policy": self.name,
@@ -137,32 +145,51 @@ class PolicyBuffer(ReplayBuffer):
         self.rng.bit_generator.state = state["rng"]
 
 
-def collect_stats(parts: list[PolicyBuffer]) -> dict[str, float]:
+@dataclass
+class BufferView:
+    """What ``collect_stats`` / ``collect_telemetry`` read of a buffer: uses and rewards of the
+    stored rows, capacity, counters, telemetry. Small (O(N) ints): the distributed runtime's
+    trainer ranks send theirs to rank 0, which reports the union of the shards."""
+
+    uses: np.ndarray
+    reward: np.ndarray
+    capacity: int
+    counters: dict[str, int]
+    tele: Telemetry
+
+
+def _view(p: PolicyBuffer | BufferView) -> BufferView:
+    return p if isinstance(p, BufferView) else p.view()
+
+
+def collect_stats(parts: list[PolicyBuffer | BufferView]) -> dict[str, float]:
     """The stats of one buffer or of several shards taken together. O(N).
 
     size / capacity; over the stored rows: uses_mean, uses_max, frac_never_used, frac_correct
     (reward > 0); the counters; ``batch_*`` (last batch) and ``run_*`` (whole run) telemetry.
     Aggregates over an empty buffer are 0.0; ``batch_*`` are NaN until the first sample.
     """
-    uses = np.concatenate([p.store.live_values("uses") for p in parts])
-    reward = np.concatenate([p.store.live_values("reward") for p in parts])
+    views = [_view(p) for p in parts]
+    uses = np.concatenate([v.uses for v in views])
+    reward = np.concatenate([v.reward for v in views])
     n = len(uses)
     out = {
         "size": float(n),
-        "capacity": float(sum(p.store.capacity for p in parts)),
+        "capacity": float(sum(v.capacity for v in views)),
         "uses_mean": float(uses.mean()) if n else 0.0,
         "uses_max": float(uses.max()) if n else 0.0,
         "frac_never_used": float((uses == 0).mean()) if n else 0.0,
         "frac_correct": float((reward > 0).mean()) if n else 0.0,
     }
-    out.update({k: float(sum(p.counters[k] for p in parts)) for k in COUNTERS})
-    out.update(Telemetry.merged([p.tele for p in parts]).stats())
+    out.update({k: float(sum(v.counters[k] for v in views)) for k in COUNTERS})
+    out.update(Telemetry.merged([v.tele for v in views]).stats())
     return out
 
 
-def collect_telemetry(parts: list[PolicyBuffer]) -> dict[str, list[int]]:
-    t = Telemetry.merged([p.tele for p in parts])
+def collect_telemetry(parts: list[PolicyBuffer | BufferView]) -> dict[str, list[int]]:
+    views = [_view(p) for p in parts]
+    t = Telemetry.merged([v.tele for v in views])
     out = {k: t.hist[k].tolist() for k in HISTS}
-    live = np.concatenate([p.store.live_values("uses") for p in parts])
+    live = np.concatenate([v.uses for v in views])
     out["replay_count_live"] = histogram(live).tolist()
     return out

@@ -52,11 +52,26 @@ def make_generator(
     raise ValueError(f"generation.backend={gcfg.backend} is unknown; choose one of {BACKENDS}")
 
 
+def engine_model_dir(cfg: Any, source: str, policy, tokenizer, save_to) -> str | None:
+    """Where an engine-based backend (vllm) loads its architecture from: the policy's own
+    source when its config is unchanged, else (random init, untied head) a save of the policy
+    into ``save_to``; None for ``hf``, which needs none."""
+    if cfg.generation.backend == "hf":
+        return None
+    untied = cfg.model.pretrained and cfg.model.tie_word_embeddings is False
+    if source != "random-init" and not untied:
+        return source
+    policy.save_pretrained(save_to)
+    tokenizer.save_pretrained(save_to)
+    return str(save_to)
+
+
 __all__ = [
     "BACKENDS",
     "Generation",
     "Generator",
     "HFGenerator",
+    "engine_model_dir",
     "SamplingParams",
     "completion_mask",
     "make_generator",

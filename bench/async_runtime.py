@@ -1,0 +1,136 @@
+"""The real asynchronous runtime against its emulation at the same (W, T) (run by hand).
+
+    python bench/async_runtime.py [--steps 60] [--splits 1,1 1,2 2,1] [--out FILE.json]
+
+For each split (W generator processes, T trainer processes) it runs the embedded default twice
+through the one entrypoint, both with buffer=fifo, N = 512, B = 64, G = 8, evaluation only at
+the end (64 problems), threads=1 per process, in this order (runs never overlap):
+  real:     ``runtime=distributed schedule=async schedule.workers=W schedule.trainers=T``
+  emulated: ``runtime=emulated`` with the same schedule and compute.mu = the cost ratio the
+            real run measured (seconds per generated rollout / seconds per trained sample,
+            ``compute/measured_mu``), so the emulation predicts reuse mu T / W from the real
+            costs, to first order.
+and reports, per run: reuse y = samples trained / rollouts generated over the training steps,
+the paper's mu estimate from the real counts, (K_train / T) / (K_inf / W) = y W / T, against
+the measured cost ratio (they agree when nothing but compute limits either side),
+the off-policiness of the trained samples (mean, median, 90th percentile, share > 0) from
+buffer_telemetry.json, steps per second over the training loop (startup excluded), the real
+runtime's weight pushes and skipped pushes, and the trainer rank 0's seconds waiting for data.
+
+On this 2-core machine W + T > 2 processes share the cores; the timings then measure that
+sharing, which the report says. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+COMMON = [
+    "schedule=async", "schedule.gpus=null", "schedule.max_compute=null", "buffer=fifo",
+    "buffer.capacity=512", "eval.at_start=false", "eval.unit=steps", "task.n_eval=64",
+    "eval.sampled_problems=16", "logger.progress=false", "threads=1", "checkpoint.every=null",
+]  # fmt: skip
+
+
+def _run(overrides: list[str], run_dir: Path) -> dict:
+    cmd = [sys.executable, "-m", "replay_exp.train", *COMMON, *overrides, f"run_dir={run_dir}"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tele = json.loads((run_dir / "buffer_telemetry.json").read_text())
+    rows = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line
+    ]
+    return {"summary": summary, "telemetry": tele, "rows": rows,
+            "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+def _off_policiness(hist: list[int]) -> dict[str, float]:
+    """Mean / median / p90 / share > 0 of a 0..63 + overflow histogram (overflow read as 64)."""
+    h = np.asarray(hist, dtype=float)
+    x = np.arange(len(h))
+    n = h.sum()
+    cdf = np.cumsum(h) / n
+    return {
+        "mean": float((h * x).sum() / n),
+        "median": float(x[np.searchsorted(cdf, 0.5)]),
+        "p90": float(x[np.searchsorted(cdf, 0.9)]),
+        "share_stale": float(h[1:].sum() / n),
+    }
+
+
+def _steps_per_second(rows: list[dict]) -> float:
+    """Training steps per wall second between the first and the last logged step, from the
+    cumulative compute/seconds_* (emulated) or the runtime's own rate (real)."""
+    last = rows[-1]
+    if "runtime/steps_per_second" in last:
+        return float(last["runtime/steps_per_second"])
+    c = last["compute/seconds_gen"] + last["compute/seconds_train"]
+    return last["step"] / c if c else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--splits", nargs="+", default=["1,1", "1,2", "2,1"])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for split in args.splits:
+            W, T = (int(v) for v in split.split(","))
+            sched = [f"schedule.workers={W}", f"schedule.trainers={T}", f"buffer.shards={T}",
+                     f"schedule.max_steps={args.steps}", f"eval.every={args.steps}"]  # fmt: skip
+            real = _run(["runtime=distributed", *sched], Path(tmp) / f"real_{W}_{T}")
+            rt = real["summary"]["runtime"]
+            mu_cost = real["summary"]["compute"]["measured_mu"]
+            emu = _run([f"compute.mu={mu_cost:.6g}", *sched], Path(tmp) / f"emu_{W}_{T}")
+            ec = emu["summary"]["compute"]
+            row = {
+                "W": W, "T": T, "steps": args.steps, "processes": W + T,
+                "real_reuse": rt["reuse"], "mu_from_counts": rt["mu_estimate"],
+                "mu_cost": mu_cost, "first_order_reuse": mu_cost * T / W,
+                "emulated_reuse": ec["samples_trained"] / ec["rollouts"],
+                "real_off_policiness": _off_policiness(real["telemetry"]["off_policiness"]),
+                "emulated_off_policiness": _off_policiness(emu["telemetry"]["off_policiness"]),
+                "real_steps_per_s": rt["steps_per_second"],
+                "emulated_steps_per_s": _steps_per_second(emu["rows"]),
+                "real_wall_s": real["wall_s"], "emulated_wall_s": emu["wall_s"],
+                "pushes": rt["pushes"], "pushes_skipped": rt["pushes_skipped"],
+                "wait_seconds_rank0": rt["wait_seconds_rank0"],
+                "real_final_pass1": real["summary"]["final"].get("eval/pass@1"),
+                "emulated_final_pass1": emu["summary"]["final"].get("eval/pass@1"),
+                "accounting_balanced": rt["balanced"],
+            }  # fmt: skip
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print("| (W,T) | reuse real | mu from counts | mu cost ratio | mu T/W | reuse emulated | "
+          "off-pol. mean real / emu | stale share real / emu | steps/s real / emu | "
+          "pushes (skipped) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        ro, eo = r["real_off_policiness"], r["emulated_off_policiness"]
+        print(
+            f"| ({r['W']},{r['T']}) | {r['real_reuse']:.2f} | {r['mu_from_counts']:.2f} | "
+            f"{r['mu_cost']:.2f} | {r['first_order_reuse']:.2f} | {r['emulated_reuse']:.2f} | "
+            f"{ro['mean']:.2f} / {eo['mean']:.2f} | {ro['share_stale']:.2f} / "
+            f"{eo['share_stale']:.2f} | {r['real_steps_per_s']:.2f} / "
+            f"{r['emulated_steps_per_s']:.2f} | {r['pushes']} ({r['pushes_skipped']}) |"
+        )
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

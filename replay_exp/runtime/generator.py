@@ -1,0 +1,146 @@
+"""A generator rank: generate, score and send rollouts, forever, picking up weights between
+calls. One per inference worker (W of them).
+
+    while not stopped:
+        take the newest weights pushed by trainer rank 0, if any (never mid-generation)
+        prompts = the next groups_per_batch problems of this generator's own stream
+        rollouts = generate G samples each, rewards, advantages frozen, behaviour log-probs
+        send each prompt group to its trainer's buffer shard (global group id mod T)
+
+Batch ``j`` of generator ``w`` (w = 0..W-1) holds the global prompt groups
+``(j W + w) P .. (j W + w) P + P - 1`` (P = groups per batch), so group ids and rollout uids
+are unique over the run, and its prompts and sampling seeds are ``derive_seed(seed,
+"prompts"|"gen", w, j)``: a relaunch regenerates exactly the batches that were in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from replay_exp.checkpoint import read_snapshot
+from replay_exp.models import load_policy
+from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
+from replay_exp.rollout.collect import generate_rollouts, prompt_lengths
+from replay_exp.runtime.channels import (
+    STOP,
+    Heartbeat,
+    RolloutSender,
+    WeightReceiver,
+    flatten,
+    unflatten_into,
+    weight_keys,
+)
+from replay_exp.schedule import derive_seed
+from replay_exp.tasks import make_task
+from replay_exp.types import RolloutBatch
+
+log = logging.getLogger("replay_exp")
+
+
+def groups_per_batch(cfg, derived) -> int:
+    """``runtime.groups_per_batch``, or B / (G T): one trainer's share of a batch."""
+    if cfg.runtime.groups_per_batch is not None:
+        return int(cfg.runtime.groups_per_batch)
+    return max(1, cfg.schedule.batch_size // (cfg.algo.group_size * derived.trainers))
+
+
+def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | None) -> dict:
+    """The loop of generator rank ``rank`` (global rank T + w). Returns its counters."""
+    T, W = d.trainers, d.workers
+    w = rank - T
+    a, g = cfg.algo, cfg.generation
+    heartbeat = Heartbeat(store, rank)
+    task = make_task(cfg.task)
+    policy, tokenizer, source = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
+    policy.eval()
+    chat = bool(cfg.model.chat_template)
+    task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
+    keys = weight_keys(policy.state_dict())
+
+    version, j, sent_base = 0, 0, dict.fromkeys(range(T), 0)
+    if snapshot_path is not None:  # start from the snapshot's weights and counters
+        snap = read_snapshot(snapshot_path)
+        policy.load_state_dict(snap.states["policy"])
+        state = snap.trainer["runtime"]
+        version, j = snap.step, int(state["next_batch"][str(w)])
+        sent_base = {t: int(state["received"][str(t)][str(w)]) for t in range(T)}
+    # hf samples this process's own module; vllm runs an engine fed from it at every push.
+    model_dir = engine_model_dir(cfg, source, policy, tokenizer, run_dir / f"generator_model_{w}")
+    generator = make_generator(
+        g, policy, tokenizer, share_weights=g.backend == "hf", model_dir=model_dir,
+        max_model_len=d.max_prompt_len + d.max_new_tokens, dtype=d.dtype,
+        seed=derive_seed(cfg.seed, "engine", w), device=d.device,
+    )  # fmt: skip
+    generator.sync_weights(policy, version)
+    sampling = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
+    P, G = groups_per_batch(cfg, d), a.group_size
+    numel = flatten(policy.state_dict(), keys).numel()
+    weights = WeightReceiver(store, w, numel, policy.dtype)
+    sender = RolloutSender(store, w, list(range(T)))
+    counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0}
+    log.info("generator %d (rank %d): %d groups of %d per call, from version %d", w, rank, P, G,
+             version)  # fmt: skip
+    while True:
+        news = weights.poll()
+        while news is not None:  # the newest push wins
+            new_version, flat = news
+            if new_version == STOP:
+                break
+            unflatten_into(policy, flat, keys)
+            generator.sync_weights(policy, new_version)
+            counters["weight_updates"] += 1
+            news = weights.poll()
+        if news is not None and news[0] == STOP:
+            break
+        first_group = (j * W + w) * P
+        rng = np.random.default_rng(derive_seed(cfg.seed, "prompts", w, j))
+        prompts = task.sample_train(rng, P)
+        t0 = time.perf_counter()
+        fresh = generate_rollouts(
+            generator, tokenizer, task, prompts, G, sampling,
+            seed=derive_seed(cfg.seed, "gen", w, j), step=generator.version,
+            first_uid=first_group * G, first_group=first_group,
+            normalize_std=a.adv_normalize_std, chat=chat,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        counters["gen_seconds"] += seconds
+        for t, part in split_by_trainer(fresh, T):
+            payload = {"batch": batch_to_dict(part), "generator": w, "j": j,
+                       "seconds": seconds * len(part) / len(fresh)}  # fmt: skip
+            sender.send(t, payload, len(part))
+        counters["batches"] += 1
+        counters["rollouts"] += len(fresh)
+        j += 1
+    sender.close({t: sent_base[t] + sender.sent[t] for t in range(T)})
+    if hasattr(generator, "close"):
+        generator.close()
+    heartbeat.stop()
+    counters["stall_seconds"] = sender.stall_seconds
+    log.info("generator %d done: %s", w, counters)
+    return counters
+
+
+def split_by_trainer(batch: RolloutBatch, T: int) -> list[tuple[int, RolloutBatch]]:
+    """The rows of each trainer's prompt groups (group id mod T), for the trainers that get
+    any."""
+    owner = batch.group_id_B % T
+    out = []
+    for t in range(T):
+        rows = torch.nonzero(owner == t).flatten()
+        if len(rows):
+            out.append((t, batch.index(rows)))
+    return out
+
+
+def batch_to_dict(batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    return {k: v.cpu() for k, v in vars(batch).items()}
+
+
+def batch_from_dict(d: dict[str, torch.Tensor]) -> RolloutBatch:
+    return RolloutBatch(**d)

@@ -1,0 +1,243 @@
+"""Starting the W + T ranks: a local spawn, or the tasks of one SLURM job.
+
+- Locally (``run_distributed`` called by the trainer's entrypoint, which holds the run's
+  lock and has prepared ``run_dir``), this process hosts the rendezvous store, starts W + T
+  processes (ranks 0..T-1 train, T..T+W-1 generate) and supervises them: a generator that
+  exits early is reported in one line while the trainers save a snapshot and stop; a trainer
+  that fails stops them all. The run resumes from its newest snapshot when relaunched.
+- Under SLURM (``launcher=slurm hydra.launcher.tasks_per_node=<W+T>``), submitit runs the
+  trainer's entrypoint once per task; task 0 takes the lock, prepares ``run_dir`` and hosts
+  the store, every task is the rank given by ``SLURM_PROCID``.
+
+The store carries the start (the snapshot to resume from, if any) and the generators'
+heartbeats; the process group (gloo) carries rollouts and weights; the trainers' own group
+(gloo or NCCL) carries their gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+log = logging.getLogger("replay_exp")
+
+START_KEY = "start"
+
+
+class RankFailed(RuntimeError):
+    """A rank of a distributed run exited with an error; the message is one line saying which
+    and how to go on (relaunch: the run resumes from its newest snapshot)."""
+
+
+def slurm_rank() -> tuple[int, int] | None:
+    """(rank, world size) inside a SLURM job step with several tasks, else None."""
+    n = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    if n <= 1 or "SLURM_PROCID" not in os.environ:
+        return None
+    return int(os.environ["SLURM_PROCID"]), n
+
+
+def slurm_address() -> tuple[str, int]:
+    """Host of task 0 (the job's first node) and a port from the job id."""
+    import subprocess
+
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")
+    host = "127.0.0.1"
+    if nodes:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                             text=True, check=False)  # fmt: skip
+        first = out.stdout.split()
+        host = first[0] if first else host
+    job = int(os.environ.get("SLURM_JOB_ID", "0"))
+    return host, 20000 + job % 20000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def world_size(d) -> int:
+    return d.trainers + d.workers
+
+
+def run_distributed(cfg, d, run_dir: Path, snapshot) -> dict:
+    """Run ``cfg`` as W + T ranks writing into ``run_dir`` (prepared, locked by the caller);
+    ``snapshot``: the Snapshot to resume from, or None. Returns the run's summary."""
+    snapshot_path = None if snapshot is None else str(snapshot.path)
+    slurm = slurm_rank()
+    if slurm is not None:
+        rank, world = slurm
+        if world != world_size(d):
+            raise RuntimeError(
+                f"runtime=distributed needs W + T = {world_size(d)} SLURM tasks, the job has "
+                f"{world} (set hydra.launcher.tasks_per_node={world_size(d)})"
+            )
+        host, port = slurm_address()
+        store = _store(host, port, world + 1, True, cfg.runtime.rendezvous_timeout_s)
+        store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
+        return run_rank(cfg, d, run_dir, rank, world, store)
+    return spawn_local(cfg, d, run_dir, snapshot_path)
+
+
+def join_slurm(cfg, d, run_dir: Path) -> dict | None:
+    """A SLURM task other than 0: wait for task 0's start, then run this rank."""
+    summary = run_dir / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
+        return None  # task 0 reports it
+    rank, world = slurm_rank()
+    host, port = slurm_address()
+    store = _store(host, port, world + 1, False, cfg.runtime.rendezvous_timeout_s)
+    return run_rank(cfg, d, run_dir, rank, world, store)
+
+
+def _store(host: str, port: int, world: int, master: bool, timeout: float) -> dist.TCPStore:
+    return dist.TCPStore(
+        host, port, None, is_master=master, timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )  # fmt: skip
+
+
+def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
+    """Host the store, start the W + T rank processes, supervise them (module docstring)."""
+    T, W, world = d.trainers, d.workers, world_size(d)
+    port = free_port()
+    store = _store("127.0.0.1", port, world + 1, True, cfg.runtime.rendezvous_timeout_s)
+    store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
+    ctx = multiprocessing.get_context("spawn")
+    container = OmegaConf.to_container(cfg)
+    procs = []
+    for rank in range(world):
+        p = ctx.Process(
+            target=_child, args=(container, d, str(run_dir), rank, world, port),
+            name=f"replay_exp-rank{rank}", daemon=False,
+        )  # fmt: skip
+        p.start()
+        procs.append(p)
+    log.info("runtime=distributed: %d trainer + %d generator processes (pids %s)", T, W,
+             [p.pid for p in procs])  # fmt: skip
+    reported: set[int] = set()
+    try:
+        while True:
+            for rank, p in enumerate(procs):
+                if p.exitcode not in (None, 0) and rank not in reported:
+                    reported.add(rank)
+                    role = f"trainer {rank}" if rank < T else f"generator {rank - T}"
+                    log.error("rank %d (%s, pid %d) exited with code %s", rank, role, p.pid,
+                              p.exitcode)  # fmt: skip
+                    if rank < T:  # the trainers' collectives cannot go on
+                        raise RankFailed(
+                            f"{role} (rank {rank}) exited with code {p.exitcode}; relaunch to "
+                            "resume from the newest snapshot"
+                        )
+            if procs[0].exitcode is not None:
+                break
+            time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    if procs[0].exitcode != 0:
+        raise RankFailed(
+            f"trainer rank 0 exited with code {procs[0].exitcode} (see {run_dir}/train.log); "
+            "relaunch to resume from the newest snapshot"
+        )
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _child(container: dict, d, run_dir: str, rank: int, world: int, port: int) -> None:
+    _die_with_parent()
+    cfg = OmegaConf.create(container)
+    store = _store("127.0.0.1", port, world + 1, False, cfg.runtime.rendezvous_timeout_s)
+    try:
+        run_rank(cfg, d, Path(run_dir), rank, world, store)
+    except Exception as e:
+        log.exception("rank %d failed: %s", rank, e)
+        sys.exit(3)
+
+
+def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None:
+    """One rank, from the rendezvous to its clean exit. Rank 0 returns the summary."""
+    from replay_exp.models import load_policy
+    from replay_exp.runtime.generator import run_generator
+    from replay_exp.runtime.trainer import run_trainer
+    from replay_exp.tasks import make_task
+
+    T = d.trainers
+    timeout = timedelta(seconds=cfg.runtime.rendezvous_timeout_s)
+    if d.device.startswith("cuda"):
+        local = int(os.environ.get("SLURM_LOCALID", rank)) % max(1, torch.cuda.device_count())
+        d = dataclasses.replace(d, device=f"cuda:{local}")
+        torch.cuda.set_device(local)
+    torch.set_num_threads(cfg.threads or (d.threads if slurm_rank() else 1))
+    _log_to(run_dir / "train.log", rank, console=rank == 0)
+    snapshot_path = json.loads(store.get(START_KEY))["snapshot"]
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout
+    )
+    backend = cfg.runtime.backend
+    if backend == "auto":
+        backend = "nccl" if d.device.startswith("cuda") else "gloo"
+    trainers = dist.new_group(list(range(T)), backend=backend)
+    loaded = None
+    if rank == 0:  # builds (and caches) the warm start once, before the other ranks load it
+        loaded = load_policy(cfg.model, cfg.task, make_task(cfg.task), d.device, d.dtype)
+    dist.barrier()
+    try:
+        if rank < T:
+            return run_trainer(cfg, d, rank, trainers, store, run_dir, snapshot_path, loaded)
+        run_generator(cfg, d, rank, store, run_dir, snapshot_path)
+        return None
+    finally:
+        dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent (the supervisor) dies, so killing the
+    job's main process never leaves ranks behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _log_to(path: Path, rank: int, console: bool) -> None:
+    """This rank's log lines into the run's train.log (appends; one line per write)."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    root = logging.getLogger()
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(name)s %(message)s")
+    mine = [h for h in root.handlers if isinstance(h, logging.FileHandler)
+            and Path(h.baseFilename) == path.resolve()]  # fmt: skip
+    if mine:  # SLURM task 0 runs in the entrypoint's process, which already writes train.log
+        mine[0].setFormatter(fmt)
+    else:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    if console and not any(isinstance(h, logging.StreamHandler) and not isinstance(
+            h, logging.FileHandler) for h in root.handlers):  # fmt: skip
+        root.addHandler(logging.StreamHandler())
+    root.setLevel(logging.INFO)
