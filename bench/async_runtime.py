@@ -1,11 +1,13 @@
 """The real asynchronous runtime against its emulation at the same (W, T) (run by hand).
 
-    python bench/async_runtime.py [--steps 60] [--splits 1,1 1,2 2,1] [--out FILE.json]
+    python bench/async_runtime.py [--steps 60] [--splits 1,1 1,2 2,1] [--in-flight 1 4]
+                                  [--out FILE.json]
 
 For each split (W generator processes, T trainer processes) it runs the embedded default twice
 through the one entrypoint, both with buffer=fifo, N = 512, B = 64, G = 8, evaluation only at
 the end (64 problems), threads=1 per process, in this order (runs never overlap):
-  real:     ``runtime=distributed schedule=async schedule.workers=W schedule.trainers=T``
+  real:     ``runtime=distributed schedule=async schedule.workers=W schedule.trainers=T``,
+            once per ``runtime.max_in_flight`` given (the generators' queue depth per trainer)
   emulated: ``runtime=emulated`` with the same schedule and compute.mu = the cost ratio the
             real run measured (seconds per generated rollout / seconds per trained sample,
             ``compute/measured_mu``), so the emulation predicts reuse mu T / W from the real
@@ -79,51 +81,59 @@ def _steps_per_second(rows: list[dict]) -> float:
     return last["step"] / c if c else float("nan")
 
 
+def _compare(W: int, T: int, k: int, steps: int, tmp: Path) -> dict:
+    """The real run at (W, T) and queue depth k, then its emulation at the measured cost ratio."""
+    sched = [f"schedule.workers={W}", f"schedule.trainers={T}", f"buffer.shards={T}",
+             f"schedule.max_steps={steps}", f"eval.every={steps}"]  # fmt: skip
+    real = _run(["runtime=distributed", f"runtime.max_in_flight={k}", *sched],
+                tmp / f"real_{W}_{T}_{k}")  # fmt: skip
+    rt = real["summary"]["runtime"]
+    mu_cost = real["summary"]["compute"]["measured_mu"]
+    emu = _run([f"compute.mu={mu_cost:.6g}", *sched], tmp / f"emu_{W}_{T}_{k}")
+    ec = emu["summary"]["compute"]
+    return {
+        "W": W, "T": T, "max_in_flight": k, "steps": steps, "processes": W + T,
+        "real_reuse": rt["reuse"], "mu_from_counts": rt["mu_estimate"],
+        "mu_cost": mu_cost, "first_order_reuse": mu_cost * T / W,
+        "emulated_reuse": ec["samples_trained"] / ec["rollouts"],
+        "real_off_policiness": _off_policiness(real["telemetry"]["off_policiness"]),
+        "emulated_off_policiness": _off_policiness(emu["telemetry"]["off_policiness"]),
+        "real_steps_per_s": rt["steps_per_second"],
+        "emulated_steps_per_s": _steps_per_second(emu["rows"]),
+        "real_wall_s": real["wall_s"], "emulated_wall_s": emu["wall_s"],
+        "pushes": rt["pushes"], "pushes_skipped": rt["pushes_skipped"],
+        "wait_seconds_rank0": rt["wait_seconds_rank0"],
+        "real_final_pass1": real["summary"]["final"].get("eval/pass@1"),
+        "emulated_final_pass1": emu["summary"]["final"].get("eval/pass@1"),
+        "accounting_balanced": rt["balanced"],
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--splits", nargs="+", default=["1,1", "1,2", "2,1"])
+    ap.add_argument("--in-flight", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for split in args.splits:
-            W, T = (int(v) for v in split.split(","))
-            sched = [f"schedule.workers={W}", f"schedule.trainers={T}", f"buffer.shards={T}",
-                     f"schedule.max_steps={args.steps}", f"eval.every={args.steps}"]  # fmt: skip
-            real = _run(["runtime=distributed", *sched], Path(tmp) / f"real_{W}_{T}")
-            rt = real["summary"]["runtime"]
-            mu_cost = real["summary"]["compute"]["measured_mu"]
-            emu = _run([f"compute.mu={mu_cost:.6g}", *sched], Path(tmp) / f"emu_{W}_{T}")
-            ec = emu["summary"]["compute"]
-            row = {
-                "W": W, "T": T, "steps": args.steps, "processes": W + T,
-                "real_reuse": rt["reuse"], "mu_from_counts": rt["mu_estimate"],
-                "mu_cost": mu_cost, "first_order_reuse": mu_cost * T / W,
-                "emulated_reuse": ec["samples_trained"] / ec["rollouts"],
-                "real_off_policiness": _off_policiness(real["telemetry"]["off_policiness"]),
-                "emulated_off_policiness": _off_policiness(emu["telemetry"]["off_policiness"]),
-                "real_steps_per_s": rt["steps_per_second"],
-                "emulated_steps_per_s": _steps_per_second(emu["rows"]),
-                "real_wall_s": real["wall_s"], "emulated_wall_s": emu["wall_s"],
-                "pushes": rt["pushes"], "pushes_skipped": rt["pushes_skipped"],
-                "wait_seconds_rank0": rt["wait_seconds_rank0"],
-                "real_final_pass1": real["summary"]["final"].get("eval/pass@1"),
-                "emulated_final_pass1": emu["summary"]["final"].get("eval/pass@1"),
-                "accounting_balanced": rt["balanced"],
-            }  # fmt: skip
-            results.append(row)
-            print(json.dumps(row), flush=True)
+            for k in args.in_flight:
+                W, T = (int(v) for v in split.split(","))
+                results.append(_compare(W, T, k, args.steps, Path(tmp)))
+                print(json.dumps(results[-1]), flush=True)
     print()
-    print("| (W,T) | reuse real | mu from counts | mu cost ratio | mu T/W | reuse emulated | "
-          "off-pol. mean real / emu | stale share real / emu | steps/s real / emu | "
-          "pushes (skipped) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| (W,T) | in flight | reuse real | mu from counts | mu cost ratio | mu T/W | "
+          "reuse emulated | off-pol. mean real / emu | stale share real / emu | "
+          "steps/s real / emu | pushes (skipped) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ro, eo = r["real_off_policiness"], r["emulated_off_policiness"]
         print(
-            f"| ({r['W']},{r['T']}) | {r['real_reuse']:.2f} | {r['mu_from_counts']:.2f} | "
-            f"{r['mu_cost']:.2f} | {r['first_order_reuse']:.2f} | {r['emulated_reuse']:.2f} | "
+            f"| ({r['W']},{r['T']}) | {r['max_in_flight']} | {r['real_reuse']:.2f} | "
+            f"{r['mu_from_counts']:.2f} | {r['mu_cost']:.2f} | {r['first_order_reuse']:.2f} | "
+            f"{r['emulated_reuse']:.2f} | "
             f"{ro['mean']:.2f} / {eo['mean']:.2f} | {ro['share_stale']:.2f} / "
             f"{eo['share_stale']:.2f} | {r['real_steps_per_s']:.2f} / "
             f"{r['emulated_steps_per_s']:.2f} | {r['pushes']} ({r['pushes_skipped']}) |"

@@ -428,6 +428,7 @@ def check_distributed(cfg: DictConfig) -> None:
         _positive(f"runtime.{key}", r[key])
     if r.groups_per_batch is not None:
         _positive("runtime.groups_per_batch", r.groups_per_batch)
+    _positive("runtime.max_in_flight", r.max_in_flight)
 
 
 class Arrivals(NamedTuple):

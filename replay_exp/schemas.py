@@ -175,6 +175,7 @@ class DistributedRuntimeConfig(RuntimeConfig):
     backend: str = MISSING  # auto | gloo | nccl: the trainers' gradient collectives
     wrapper: str = MISSING  # ddp | fsdp
     groups_per_batch: int | None = MISSING  # prompt groups per generation call; null: B/(G T)
+    max_in_flight: int = MISSING  # rollout messages a generator may have unreceived per trainer
     heartbeat_timeout_s: float = MISSING  # a silent generator is declared dead after this
     rendezvous_timeout_s: float = MISSING  # ranks wait this long for each other at start
     check_replicas: bool = MISSING  # compare the trainers' weights after every step (ddp)

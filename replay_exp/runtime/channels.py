@@ -10,9 +10,11 @@ peer. Channels are one-directional and ordered per pair of ranks and tag.
 - rollouts, generator w -> trainer t (counter ``msgs/w/t``): a header ``[kind, n]`` (tag
   ``TAG_HEADER``) then, for ``kind = ROLLOUTS``, the payload of n bytes (``torch.save`` of a
   dict of tensors, tag ``TAG_PAYLOAD``). ``kind = DONE``: the generator stops, and n is how
-  many rollouts it sent to t over the whole run. A generator keeps at most one message in
-  flight per trainer: before the next, it waits until the previous one was received (the
-  back-pressure of a busy trainer, measured as ``stall_seconds``).
+  many rollouts it sent to t over the whole run. A generator keeps at most ``max_in_flight``
+  messages in flight per trainer (``runtime.max_in_flight``): before one more, it waits until
+  the oldest was received (the back-pressure of a busy trainer, measured as
+  ``stall_seconds``). With 1, a generator faster than its trainers delivers one batch per
+  trainer step and idles the rest of the time.
 - weights, trainer rank 0 -> generator w (counters ``pushes/w``, ``taken/w``): the version
   (tag ``TAG_VERSION``), then the flattened weights (tag ``TAG_WEIGHTS``); version ``STOP``
   (no weights) ends the generator. A generator takes pushes between generation calls, never
@@ -51,28 +53,30 @@ def unpack(payload: torch.Tensor) -> Any:
 
 
 class RolloutSender:
-    """A generator's outgoing rollout messages, at most one in flight per trainer."""
+    """A generator's outgoing rollout messages, at most ``max_in_flight`` per trainer."""
 
-    def __init__(self, store: dist.Store, worker: int, trainers: list[int]):
-        self.store, self.worker = store, worker
-        self.pending: dict[int, list[tuple[Any, torch.Tensor]]] = {t: [] for t in trainers}
+    def __init__(self, store: dist.Store, worker: int, trainers: list[int], max_in_flight: int):
+        self.store, self.worker, self.max_in_flight = store, worker, max_in_flight
+        # per trainer: the messages in flight, oldest first, each a list of (work, tensor)
+        self.pending: dict[int, list[list[tuple[Any, torch.Tensor]]]] = {t: [] for t in trainers}
         self.sent = dict.fromkeys(trainers, 0)  # rollouts sent to each trainer (this process)
         self.stall_seconds = 0.0  # time spent waiting for a trainer to take the previous one
 
-    def _drain(self, trainer: int) -> None:
+    def _drain(self, trainer: int, keep: int = 0) -> None:
+        """Wait until at most ``keep`` messages to ``trainer`` are in flight."""
         t0 = time.perf_counter()
-        for work, _ in self.pending[trainer]:
-            work.wait()
-        self.pending[trainer] = []
+        while len(self.pending[trainer]) > keep:
+            for work, _ in self.pending[trainer].pop(0):
+                work.wait()
         self.stall_seconds += time.perf_counter() - t0
 
     def _post(self, trainer: int, kind: int, n: int, payload: torch.Tensor | None) -> None:
-        self._drain(trainer)
+        self._drain(trainer, keep=self.max_in_flight - 1)
         header = torch.tensor([kind, n], dtype=torch.long)
         works = [(dist.isend(header, trainer, tag=TAG_HEADER), header)]
         if payload is not None:
             works.append((dist.isend(payload, trainer, tag=TAG_PAYLOAD), payload))
-        self.pending[trainer] = works
+        self.pending[trainer].append(works)
         self.store.add(f"msgs/{self.worker}/{trainer}", 1)
 
     def send(self, trainer: int, obj: dict, n_rollouts: int) -> None:

@@ -82,7 +82,7 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
     P, G = groups_per_batch(cfg, d), a.group_size
     numel = flatten(policy.state_dict(), keys).numel()
     weights = WeightReceiver(store, w, numel, policy.dtype)
-    sender = RolloutSender(store, w, list(range(T)))
+    sender = RolloutSender(store, w, list(range(T)), cfg.runtime.max_in_flight)
     counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0}
     log.info("generator %d (rank %d): %d groups of %d per call, from version %d", w, rank, P, G,
              version)  # fmt: skip
