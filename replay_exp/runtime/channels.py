@@ -100,29 +100,35 @@ class RolloutReceiver:
         self.store, self.rank, self.first = store, rank, first
         self.taken = dict.fromkeys(generators, 0)  # messages received from each
         self.done: dict[int, int] = {}  # generator -> rollouts it says it sent here
+        self.broken: set[int] = set()  # generators whose connection failed mid-message
 
     def poll(self) -> list[tuple[int, dict]]:
-        """Every announced message, as (generator rank, payload)."""
+        """Every announced message, as (generator rank, payload). A generator that dies while
+        sending one (gloo: connection reset) joins ``broken``; its partial message is lost."""
         out = []
         for g in self.open:
             announced = self.store.add(f"msgs/{g - self.first}/{self.rank}", 0)
-            while self.taken[g] < announced and g not in self.done:
-                header = torch.zeros(2, dtype=torch.long)
-                dist.recv(header, g, tag=TAG_HEADER)
-                self.taken[g] += 1
-                kind, n = (int(x) for x in header)
-                if kind == DONE:
-                    self.done[g] = n
-                    break
-                payload = torch.empty(n, dtype=torch.uint8)
-                dist.recv(payload, g, tag=TAG_PAYLOAD)
-                out.append((g, unpack(payload)))
+            try:
+                while self.taken[g] < announced and g not in self.done:
+                    header = torch.zeros(2, dtype=torch.long)
+                    dist.recv(header, g, tag=TAG_HEADER)
+                    kind, n = (int(x) for x in header)
+                    if kind == DONE:
+                        self.taken[g] += 1
+                        self.done[g] = n
+                        break
+                    payload = torch.empty(n, dtype=torch.uint8)
+                    dist.recv(payload, g, tag=TAG_PAYLOAD)
+                    self.taken[g] += 1
+                    out.append((g, unpack(payload)))
+            except RuntimeError:
+                self.broken.add(g)
         return out
 
     @property
     def open(self) -> list[int]:
-        """Generators that have not said DONE."""
-        return sorted(g for g in self.taken if g not in self.done)
+        """Generators that have not said DONE and whose connection holds."""
+        return sorted(g for g in self.taken if g not in self.done and g not in self.broken)
 
 
 class WeightPusher:
@@ -154,11 +160,18 @@ class WeightPusher:
             self._send(g, version, flat)
             self.pushed += 1
 
-    def stop(self, dead: set[int] = frozenset()) -> None:
-        """STOP to every live generator (queued behind a push it has not taken)."""
+    def stop(self, dead: set[int] = frozenset()) -> list[int]:
+        """STOP to every live generator (queued behind a push it has not taken). Returns the
+        generators found gone on the way (their connection closed)."""
+        gone = []
         for g in self.pending:
-            if g not in dead:
+            if g in dead:
+                continue
+            try:
                 self._send(g, STOP, None)
+            except RuntimeError:  # gloo: "Connection closed by peer"
+                gone.append(g)
+        return gone
 
 
 class WeightReceiver:

@@ -306,6 +306,11 @@ def run_trainer(
 
     t_start = time.perf_counter()
     stopped_at, dead = None, []
+
+    def find_dead() -> list[int]:
+        """Generators whose connection broke mid-message or whose heartbeat stopped."""
+        return sorted(inbox.broken | set(monitor.dead(inbox.open)))
+
     for step in range(start, d.total_steps):
         x_before = eval_x(led)
         counts["arrived_step"], counts["reward_sum_step"] = 0, 0.0
@@ -314,9 +319,9 @@ def run_trainer(
         while len(buffer) == 0 and not dead:  # nothing to train on yet: wait for a generator
             time.sleep(0.002)
             take_arrivals(step)
-            dead = monitor.dead(inbox.open)
+            dead = find_dead()
         counts["wait_seconds"] += time.perf_counter() - t0
-        dead = dead or monitor.dead(inbox.open)
+        dead = dead or find_dead()
         flag = torch.tensor([len(dead)], dtype=torch.long)
         dist.all_reduce(flag, group=group)  # every trainer stops if any saw a death
         if int(flag):
@@ -396,12 +401,18 @@ def run_trainer(
         weights = full_state(model, r.wrapper)
         save(stopped_at)
     if lead:
-        pusher.stop(dead=set(dead))
-    while [gr for gr in inbox.open if gr not in dead]:  # live generators send DONE last
+        dead = sorted(set(dead) | set(pusher.stop(dead=set(dead))))
+    # Live generators send DONE last; one that dies now (after the last step) is noted, and
+    # whatever it had in flight stays unaccounted for (summary.json: dead_generators).
+    while [gr for gr in inbox.open if gr not in dead]:
         take_arrivals(final_step)
+        dead = sorted(set(dead) | set(find_dead()))
         time.sleep(0.002)
+    if dead and stopped_at is None:
+        log.error("generator rank(s) %s died after the last step; the run is complete", dead)
     views = [None] * T if lead else None
-    dist.gather_object((buffer.view(), received, dict(inbox.done)), views, dst=0, group=group)
+    mine = (buffer.view(), received, dict(inbox.done), dead)
+    dist.gather_object(mine, views, dst=0, group=group)
     led = node_ledger()
     if not lead:
         return None
@@ -434,8 +445,8 @@ def account(views: list, T: int, W: int) -> dict[str, Any]:
     """Every rollout generated is trained on, still buffered, or gone: per trainer, the
     rollouts the generators say they sent (DONE messages) = received = added to the shard =
     stored + evicted + retired."""
-    sent = sum(sum(done.values()) for _, _, done in views)
-    received = sum(sum(rec.values()) for _, rec, _ in views)
+    sent = sum(sum(done.values()) for _, _, done, _ in views)
+    received = sum(sum(rec.values()) for _, rec, _, _ in views)
     c = {k: sum(v[0].counters[k] for v in views) for k in COUNTERS}
     stored = sum(len(v[0].uses) for v in views)
     return {
@@ -447,6 +458,7 @@ def account(views: list, T: int, W: int) -> dict[str, Any]:
         "evicted_unused": c["evicted_unused_total"],
         "retired": c["retired_total"],
         "samples_trained": c["sampled_total"],
+        "dead_generators": sorted({g - T for *_, gone in views for g in gone}),
         "balanced": sent
         == received
         == c["added_total"]

@@ -51,6 +51,7 @@ def _check_finished(run_dir, trainers: int, wrapper: str = "ddp") -> dict:
     assert rt["generated"] == rt["received"] == rt["added"]
     assert rt["added"] == rt["buffered"] + rt["evicted"] + rt["retired"]
     assert rt["balanced"] is True
+    assert rt["dead_generators"] == []
     # One use per trained sample in the off-policiness histogram; reuse measured.
     assert sum(rt["off_policiness_hist"]) == rt["samples_trained"] > 0
     assert summary["compute"]["samples_trained"] == rt["samples_trained"]
@@ -87,9 +88,11 @@ def _snapshots(run_dir) -> list[int]:
     return [int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*")]
 
 
-def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path):
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
+    """(fsdp: the optimizer's sharded state goes through a full state dict and back.)"""
     run_dir = tmp_path / "run"
-    cmd = _command(fast, run_dir, 2)
+    cmd = _command(fast, run_dir, 2, f"runtime.wrapper={wrapper}")
     with open(tmp_path / "killed.log", "w") as out:
         proc = subprocess.Popen(
             cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -102,13 +105,15 @@ def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path):
     assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
     run = _run(cmd, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    _check_finished(run_dir, 2)
+    _check_finished(run_dir, 2, wrapper)
     assert "resuming from" in (run_dir / "train.log").read_text()
 
 
 def test_dead_generator_stops_with_a_snapshot_and_resumes(fast, tmp_path):
     run_dir = tmp_path / "run"
-    cmd = _command(fast, run_dir, 1, "runtime.heartbeat_timeout_s=3")
+    # Each rollout used at most twice: without its generator the trainer runs dry within a few
+    # steps and waits, so the death is seen mid-run however fast the steps are.
+    cmd = _command(fast, run_dir, 1, "runtime.heartbeat_timeout_s=3", "buffer.max_reuse=2")
     with open(tmp_path / "first.log", "w") as out:
         proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
     log = run_dir / "train.log"
