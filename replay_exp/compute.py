@@ -33,6 +33,13 @@ def flop_params(model: torch.nn.Module) -> int:
     return n + (emb.numel() if tied else 0)
 
 
+def sequence_lengths(batch) -> torch.Tensor:
+    """Real tokens (prompt + completion) per rollout of a RolloutBatch (none for None)."""
+    if batch is None:
+        return torch.zeros(0, dtype=torch.long)
+    return batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
+
+
 def forward_flops(n_params: int, n_layers: int, hidden: int, lengths: torch.Tensor) -> float:
     """Analytic forward FLOPs of sequences with the given real-token ``lengths``."""
     T = lengths.double()

@@ -50,7 +50,7 @@ from replay_exp.checkpoint import (
     atomic_write_text,
     truncate_metrics,
 )
-from replay_exp.compute import Ledger, flop_params
+from replay_exp.compute import Ledger, flop_params, sequence_lengths
 from replay_exp.config import (
     EVAL_UNITS,
     ConfigError,
@@ -294,7 +294,7 @@ def _train(
                     )
                 seconds = time.perf_counter() - t0
                 ledger.add_generation(
-                    _lengths(fresh), int(fresh.completion_mask_BxC.sum()), seconds
+                    sequence_lengths(fresh), int(fresh.completion_mask_BxC.sum()), seconds
                 )
                 buffer.add(fresh, step)
             # Sample a batch and update. With max_reuse under the async emulation the buffer can
@@ -307,7 +307,7 @@ def _train(
                     version=step if cfg.logger.diagnostics else None,
                 )  # fmt: skip
             seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
-            ledger.add_training(_lengths(batch), stats.get("tokens", 0), seconds)
+            ledger.add_training(sequence_lengths(batch), stats.get("tokens", 0), seconds)
 
             version = step + 1
             history.push(version, policy)
@@ -368,13 +368,6 @@ def step_metrics(fresh, batch, stats, buffer, generator) -> dict[str, Any]:
         **prefixed("buffer", buffer.stats()),
         "policy/generator_version": generator.version,
     }
-
-
-def _lengths(batch) -> torch.Tensor:
-    """Real tokens (prompt + completion) per rollout."""
-    if batch is None:
-        return torch.zeros(0, dtype=torch.long)
-    return batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

@@ -87,7 +87,7 @@ def run_distributed(cfg, d, run_dir: Path, snapshot) -> dict:
                 f"{world} (set hydra.launcher.tasks_per_node={world_size(d)})"
             )
         host, port = slurm_address()
-        store = _store(host, port, world + 1, True, cfg.runtime.rendezvous_timeout_s)
+        store = _store(host, port, True, cfg.runtime.rendezvous_timeout_s)
         store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
         return run_rank(cfg, d, run_dir, rank, world, store)
     return spawn_local(cfg, d, run_dir, snapshot_path)
@@ -100,11 +100,11 @@ def join_slurm(cfg, d, run_dir: Path) -> dict | None:
         return None  # task 0 reports it
     rank, world = slurm_rank()
     host, port = slurm_address()
-    store = _store(host, port, world + 1, False, cfg.runtime.rendezvous_timeout_s)
+    store = _store(host, port, False, cfg.runtime.rendezvous_timeout_s)
     return run_rank(cfg, d, run_dir, rank, world, store)
 
 
-def _store(host: str, port: int, world: int, master: bool, timeout: float) -> dist.TCPStore:
+def _store(host: str, port: int, master: bool, timeout: float) -> dist.TCPStore:
     return dist.TCPStore(
         host, port, None, is_master=master, timeout=timedelta(seconds=timeout),
         wait_for_workers=False,
@@ -115,7 +115,7 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
     """Host the store, start the W + T rank processes, supervise them (module docstring)."""
     T, W, world = d.trainers, d.workers, world_size(d)
     port = free_port()
-    store = _store("127.0.0.1", port, world + 1, True, cfg.runtime.rendezvous_timeout_s)
+    store = _store("127.0.0.1", port, True, cfg.runtime.rendezvous_timeout_s)
     store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
     ctx = multiprocessing.get_context("spawn")
     container = OmegaConf.to_container(cfg)
@@ -167,7 +167,7 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
 def _child(container: dict, d, run_dir: str, rank: int, world: int, port: int) -> None:
     _die_with_parent()
     cfg = OmegaConf.create(container)
-    store = _store("127.0.0.1", port, world + 1, False, cfg.runtime.rendezvous_timeout_s)
+    store = _store("127.0.0.1", port, False, cfg.runtime.rendezvous_timeout_s)
     try:
         run_rank(cfg, d, Path(run_dir), rank, world, store)
     except Exception as e:

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from omegaconf import OmegaConf
 from replay_exp.buffer import as_spec, make_buffer
 from replay_exp.buffer.replay import COUNTERS, collect_stats, collect_telemetry
 from replay_exp.checkpoint import Checkpointer, atomic_write_text, read_snapshot
-from replay_exp.compute import Ledger, flop_params
+from replay_exp.compute import Ledger, flop_params, sequence_lengths
 from replay_exp.config import EVAL_UNITS
 from replay_exp.evaluate import encode_details, evaluate
 from replay_exp.logging import (
@@ -168,7 +169,7 @@ def run_trainer(
     task = make_task(cfg.task)
     plain, tokenizer, _ = loaded or load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
     chat = bool(cfg.model.chat_template)
-    task.fit_prompts(lambda texts: prompt_lengths(tokenizer, texts, chat), d.max_prompt_len)
+    task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
     snap = read_snapshot(snapshot_path) if snapshot_path else None
     if snap is not None:
         plain.load_state_dict(snap.states["policy"])
@@ -232,9 +233,10 @@ def run_trainer(
         )
 
     def node_ledger() -> Ledger:
-        states = [None] * T if lead else None
-        dist.gather_object(dataclasses.asdict(ledger), states, dst=0, group=group)
-        return merged_ledger(ledger, states) if lead else ledger
+        """The node's ledger, on every trainer (so each decides the eval grid alike)."""
+        states = [None] * T
+        dist.all_gather_object(states, dataclasses.asdict(ledger), group=group)
+        return merged_ledger(ledger, states)
 
     def eval_x(led: Ledger) -> float:
         return getattr(led, EVAL_UNITS[cfg.eval.unit])
@@ -258,8 +260,8 @@ def run_trainer(
             batch.created_step_B = torch.full_like(batch.created_step_B, step)
             received[gen_rank] += len(batch)
             newest[gen_rank] = max(newest[gen_rank], int(msg["j"]))
-            lengths = batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
-            ledger.add_generation(lengths, int(batch.completion_mask_BxC.sum()), msg["seconds"])
+            tokens = int(batch.completion_mask_BxC.sum())
+            ledger.add_generation(sequence_lengths(batch), tokens, msg["seconds"])
             counts["arrived_step"] += len(batch)
             counts["reward_sum_step"] += float(batch.reward_B.sum())
             buffer.add(batch, step)
@@ -340,8 +342,7 @@ def run_trainer(
             version=step if cfg.logger.diagnostics else None,
         )  # fmt: skip
         seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
-        lengths = batch.prompt_mask_BxP.sum(1) + batch.completion_mask_BxC.sum(1)
-        ledger.add_training(lengths, stats.get("tokens", 0), seconds)
+        ledger.add_training(sequence_lengths(batch), stats.get("tokens", 0), seconds)
         version = step + 1
         if r.check_replicas and r.wrapper == "ddp":
             digests = [None] * T
@@ -350,11 +351,8 @@ def run_trainer(
                 raise RuntimeError(f"step {step}: trainer replicas differ after the update")
             counts["replica_checks"] += 1
         push = sync(version) or version == d.total_steps
-        is_eval = False
         led = node_ledger()
-        if lead:
-            is_eval = eval_due(x_before, eval_x(led)) or version == d.total_steps
-        is_eval = _bcast_flag(is_eval, group)
+        is_eval = eval_due(x_before, eval_x(led)) or version == d.total_steps
         if push or is_eval or snapshot_due(version):
             weights = full_state(model, r.wrapper)
         if lead and push and version < d.total_steps:
@@ -480,9 +478,3 @@ def runtime_metrics(led: Ledger, pusher, T: int, W: int, counts: dict, wall: flo
         "runtime/wait_seconds_rank0": counts["wait_seconds"],
         "runtime/replica_checks": counts["replica_checks"],
     }
-
-
-def _bcast_flag(value: bool, group) -> bool:
-    t = torch.tensor([int(value)], dtype=torch.long)
-    dist.broadcast(t, src=0, group=group)
-    return bool(t)
