@@ -2,7 +2,7 @@
 
     python bench/calibrate_testbed.py [--seeds 0 1 2] [--lrs 3e-5 6e-5 1e-4 2e-4] [--out DIR]
 
-Prints each criterion of README "The embedded testbed" with its measured value and PASS/FAIL:
+Prints each criterion of docs/testbed.md with its measured value and PASS/FAIL:
 
 1. The README's main command (``python -m replay_exp.train seed=S``, the default thread count,
    nothing else running) finishes in <= 5 minutes and lifts held-out pass@1 by >= 15 points

@@ -10,7 +10,7 @@ vocabulary padded past the tokenizer's, an UNTIED output head as the paper train
 byte-level BPE tokenizer (trained here, deterministically, on a small built-in text) with
 Qwen-style special tokens and a ChatML chat template. Any text encodes (bytes fall back to the
 256 byte tokens), so real dataset prompts work; the model's weights are random, so it writes
-noise. Used by the hub-style loading tests, the CPU end-to-end math run in the README,
+noise. Used by the hub-style loading tests, the CPU end-to-end math run in docs/real-models.md,
 ``scripts/gpu_check.py`` (no weights are reachable there either) and, at Qwen3-0.6B's full
 width (:data:`QWEN3_0_6B`), ``bench/qwen3_width.py``.
 """
