@@ -8,7 +8,7 @@ through the one entrypoint, both with buffer=fifo, N = 512, B = 64, G = 8, evalu
 the end (64 problems), threads=1 per process, in this order (runs never overlap):
   real:     ``runtime=distributed schedule=async schedule.workers=W schedule.trainers=T``,
             once per ``runtime.max_in_flight`` given (the generators' queue depth per trainer)
-  emulated: ``runtime=emulated`` with the same schedule and compute.mu = the cost ratio the
+  emulated: ``runtime=inprocess`` with the same schedule and compute.mu = the cost ratio the
             real run measured (seconds per generated rollout / seconds per trained sample,
             ``compute/measured_mu``), so the emulation predicts reuse mu T / W from the real
             costs, to first order.

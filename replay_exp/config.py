@@ -57,7 +57,7 @@ REGISTRIES: dict[str, Any] = {
     "generation": BACKENDS,
     "logger": LOGGERS,
     "schedule": ("sync", "async"),
-    "runtime": ("emulated", "distributed"),
+    "runtime": ("inprocess", "distributed"),
 }
 
 __all__ = [
@@ -154,6 +154,11 @@ class Derived:
     dtype: str = "float32"  # model.dtype with auto resolved
     workers: int | None = None  # W of the async emulation (null under schedule=sync)
     trainers: int | None = None  # T of the async emulation
+    # Sizes of one rank (runtime=distributed; one process: the whole run's).
+    batch_per_trainer: int = 0  # B / T rollouts each trainer samples per step (B in one process)
+    capacity_per_trainer: int = 0  # N / T rollouts in each trainer's buffer shard (N)
+    groups_per_batch: int | None = None  # prompt groups per generator call (null: one process)
+    rank_threads: int = 0  # torch threads of each rank (one process: threads)
 
 
 def _fail(msg: str) -> None:
@@ -207,8 +212,27 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         dtype=dtype,
         workers=arrivals.workers,
         trainers=arrivals.trainers,
+        **rank_sizes(cfg, B, N, threads),
     )
     return cfg, derived
+
+
+def rank_sizes(cfg: DictConfig, B: int, N: int, threads: int) -> dict[str, Any]:
+    """The sizes of one rank: under ``runtime=distributed`` each of the T trainers samples B/T
+    from its shard of N/T, each generator call makes ``runtime.groups_per_batch`` prompt groups
+    (null: B / (G T), one trainer's share of a batch), and a local rank runs ``threads``
+    threads if set, else 1 (W + T processes share the cores; a SLURM task: its CPUs)."""
+    if cfg.runtime.name != "distributed":
+        return {"batch_per_trainer": B, "capacity_per_trainer": N, "rank_threads": threads}
+    T, r = cfg.schedule.trainers, cfg.runtime
+    groups = r.groups_per_batch or max(1, B // (cfg.algo.group_size * T))
+    in_slurm = int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_PROCID" in os.environ
+    return {
+        "batch_per_trainer": B // T,
+        "capacity_per_trainer": N // T,
+        "groups_per_batch": int(groups),
+        "rank_threads": cfg.threads or (threads if in_slurm else 1),
+    }
 
 
 def check_options(cfg: DictConfig) -> None:

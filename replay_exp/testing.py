@@ -19,7 +19,9 @@ from replay_exp.types import RolloutBatch
 
 Values = torch.Tensor | Sequence[float] | float | None
 # Metric-name prefixes of wall-clock measurements (differ between any two runs of a config).
-WALL_CLOCK_KEYS = ("compute/seconds", "compute/measured_mu")
+WALL_CLOCK_KEYS = (
+    "compute/seconds", "compute/measured_mu", "runtime/steps_per_second", "runtime/wait_seconds",
+)  # fmt: skip
 
 
 def without_wall_clock(rows: Sequence[dict]) -> list[dict]:

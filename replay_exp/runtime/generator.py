@@ -43,13 +43,6 @@ from replay_exp.types import RolloutBatch
 log = logging.getLogger("replay_exp")
 
 
-def groups_per_batch(cfg, derived) -> int:
-    """``runtime.groups_per_batch``, or B / (G T): one trainer's share of a batch."""
-    if cfg.runtime.groups_per_batch is not None:
-        return int(cfg.runtime.groups_per_batch)
-    return max(1, cfg.schedule.batch_size // (cfg.algo.group_size * derived.trainers))
-
-
 def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | None) -> dict:
     """The loop of generator rank ``rank`` (global rank T + w). Returns its counters."""
     T, W = d.trainers, d.workers
@@ -79,7 +72,7 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
     )  # fmt: skip
     generator.sync_weights(policy, version)
     sampling = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
-    P, G = groups_per_batch(cfg, d), a.group_size
+    P, G = d.groups_per_batch, a.group_size
     numel = flatten(policy.state_dict(), keys).numel()
     weights = WeightReceiver(store, w, numel, policy.dtype)
     sender = RolloutSender(store, w, list(range(T)), cfg.runtime.max_in_flight)

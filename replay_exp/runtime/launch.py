@@ -188,7 +188,7 @@ def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None
         local = int(os.environ.get("SLURM_LOCALID", rank)) % max(1, torch.cuda.device_count())
         d = dataclasses.replace(d, device=f"cuda:{local}")
         torch.cuda.set_device(local)
-    torch.set_num_threads(cfg.threads or (d.threads if slurm_rank() else 1))
+    torch.set_num_threads(d.rank_threads)  # config.rank_sizes
     _log_to(run_dir / "train.log", rank, console=rank == 0)
     snapshot_path = json.loads(store.get(START_KEY))["snapshot"]
     dist.init_process_group(

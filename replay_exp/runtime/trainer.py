@@ -1,19 +1,15 @@
-"""A trainer rank: data-parallel updates from its own buffer shard. T of them.
+"""A trainer rank of ``runtime=distributed``: data-parallel updates from its own buffer shard.
+T of them, each running the one loop (``replay_exp.train.train``) with a ``TrainerRank`` as its
+runtime; what is here is only what is distributed:
 
-The loop of every trainer rank (rank 0 also evaluates, logs, snapshots and pushes weights):
+- the source: the rollouts the W generator ranks delivered to this rank's inbox (stamped
+  created_step = step; with an empty shard the rank waits for some), drained at the end;
+- the collective: gradients all-reduced (DDP) or sharded (FSDP) by the wrapper; ledgers, buffer
+  views and step records gathered on rank 0; a generator death agreed on by every trainer; the
+  snapshot gathered on rank 0 (every shard, every ledger, per-generator counts);
+- rank 0 pushes the weights (version step + 1) to the generators every ``sync_every`` steps.
 
-    for step until budget:
-        take every rollout that has arrived from the generators into this rank's shard
-            (stamped created_step = step; if the shard is empty, wait for some)
-        agree with the other trainers that no generator died (else: snapshot, stop)
-        batch = shard.sample(B / T, step)      # the same sampling policy as the single loop
-        one policy update; the wrapper all-reduces the gradients (ddp) or reduce-scatters
-            them (fsdp), so every rank takes the same optimizer step
-        rank 0: every k steps push the weights (version step + 1) to the generators
-        rank 0: log the union of the shards' stats, evaluate on the grid, snapshot
-    stop the generators, drain what they still send into the shards, write the accounting
-
-How it differs from the single-process loop (``replay_exp.train``):
+How a run differs from the single-process loop:
 1. Arrivals are real: what the generators delivered by the time the step starts, not the
    emulated schedule; reuse, off-policiness and the cost ratio mu are measured, not set.
 2. The loss is normalised per rank (``algo.loss_agg`` over the rank's B/T rollouts) and the
@@ -30,34 +26,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 import logging
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
-from replay_exp.buffer import as_spec, make_buffer
-from replay_exp.buffer.replay import COUNTERS, collect_stats, collect_telemetry
-from replay_exp.checkpoint import Checkpointer, atomic_write_text, read_snapshot
-from replay_exp.compute import Ledger, flop_params, sequence_lengths
-from replay_exp.config import EVAL_UNITS
-from replay_exp.evaluate import encode_details, evaluate
-from replay_exp.logging import (
-    MetricsWriter,
-    format_eval,
-    make_logger,
-    prefixed,
-    update_metrics,
-    write_telemetry,
-)
-from replay_exp.models import load_policy
-from replay_exp.rollout import HFGenerator
-from replay_exp.rollout.collect import prompt_lengths
+from replay_exp.checkpoint import Checkpointer, read_snapshot
+from replay_exp.compute import Ledger
+from replay_exp.runtime.accounting import buffer_views, merged_ledger, runtime_metrics
+from replay_exp.runtime.base import Arrival
 from replay_exp.runtime.channels import (
     HeartbeatMonitor,
     RolloutReceiver,
@@ -66,19 +46,12 @@ from replay_exp.runtime.channels import (
     weight_keys,
 )
 from replay_exp.runtime.generator import batch_from_dict
-from replay_exp.schedule import Every, OnGrid, derive_seed
-from replay_exp.tasks import make_task
-from replay_exp.update import policy_update
+from replay_exp.schedule import Every
 
 log = logging.getLogger("replay_exp")
 
-# Ledger fields that add up over ranks (the rest: steps and the fixed sizes).
-ADDITIVE = ("rollouts", "samples_trained", "gen_tokens", "train_tokens", "sample_units",
-            "flops_gen", "flops_train", "seconds_gen", "seconds_train")  # fmt: skip
-
-
-class GeneratorDied(RuntimeError):
-    """A generator rank stopped beating; the trainers snapshot and stop."""
+# Files a snapshot covers (fsynced before it is committed).
+LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")
 
 
 @dataclasses.dataclass
@@ -148,333 +121,222 @@ def params_digest(model: torch.nn.Module) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def merged_ledger(base: Ledger, states: list[dict]) -> Ledger:
-    """The node's ledger: rank 0's with every additive field summed over the ranks."""
-    out = dataclasses.replace(base)
-    for k in ADDITIVE:
-        setattr(out, k, sum(s[k] for s in states))
-    out._normalise()
-    return out
-
-
 def run_trainer(
     cfg, d, rank: int, group, store, run_dir: Path, snapshot_path: str | None, loaded=None
 ):
-    """The loop of trainer rank ``rank`` (0..T-1). Rank 0 returns the run's summary.
-    ``loaded``: the (policy, tokenizer, source) of ``load_policy``, if already loaded."""
-    T, W = d.trainers, d.workers
-    generators = list(range(T, T + W))
-    s, a, g, r = cfg.schedule, cfg.algo, cfg.generation, cfg.runtime
-    lead = rank == 0
-    task = make_task(cfg.task)
-    plain, tokenizer, _ = loaded or load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
-    chat = bool(cfg.model.chat_template)
-    task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
+    """Trainer rank ``rank`` (0..T-1): the one loop with this rank's inbox and collectives.
+    Rank 0 returns the run's summary. ``loaded``: (policy, tokenizer, source), if loaded."""
+    from replay_exp.train import build_parts, train  # the loop (imports this package)
+
     snap = read_snapshot(snapshot_path) if snapshot_path else None
-    if snap is not None:
-        plain.load_state_dict(snap.states["policy"])
-    torch.manual_seed(derive_seed(cfg.seed, "torch", rank))
-    # fsdp shards the module in place: rank 0 keeps a plain copy to evaluate and push from.
-    evaluated = plain if r.wrapper == "ddp" else (copy.deepcopy(plain) if lead else None)
-    model = wrap(plain, r.wrapper, group, d.device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
-    )
-    buffer = make_buffer(  # this rank's shard: N/T rollouts
-        as_spec(cfg.buffer, shards=1), capacity=d.capacity // T, max_prompt_len=d.max_prompt_len,
-        max_completion_len=d.max_new_tokens, seed=derive_seed(cfg.seed, "buffer", rank),
+    lead, r = rank == 0, cfg.runtime
+
+    def wrapped(policy):  # fsdp shards in place: rank 0 keeps a plain copy to evaluate
+        evaluated = policy if r.wrapper == "ddp" else (copy.deepcopy(policy) if lead else None)
+        return wrap(policy, r.wrapper, group, d.device), evaluated
+
+    parts = build_parts(
+        cfg, d, run_dir, rank=rank, loaded=loaded, wrap=wrapped,
+        policy_state=None if snap is None else snap.states["policy"],
     )  # fmt: skip
-    ledger = Ledger(
-        mu=cfg.compute.mu, batch_size=s.batch_size, units_per_step=d.paper_units_per_step,
-        n_params=flop_params(plain), n_layers=plain.config.num_hidden_layers,
-        hidden=plain.config.hidden_size,
-    )  # fmt: skip
-    # Per generator: rollouts received here, the newest batch index seen.
-    received, newest = dict.fromkeys(generators, 0), dict.fromkeys(generators, -1)
-    first_eval, last_eval, start = None, {}, 0
-    counts = {"wait_seconds": 0.0, "arrived_step": 0, "reward_sum_step": 0.0, "replica_checks": 0}
-    if snap is not None:
-        st = snap.trainer["runtime"]
-        buffer.load_state_dict(snap.states["buffers"][rank])
-        ledger.load_state_dict(snap.states["ledgers"][rank])
-        load_optimizer_state(model, optimizer, snap.states["optimizer"], r.wrapper)
-        received = {gr: int(st["received"][str(rank)][str(gr - T)]) for gr in generators}
-        newest = {gr: int(st["next_batch"][str(gr - T)]) - 1 for gr in generators}
-        counts["replica_checks"] = int(st["replica_checks"])
-        first_eval, last_eval = snap.trainer["first_eval"], snap.trainer["last_eval"]
-        start = snap.step
+    runtime = TrainerRank(cfg, d, rank, group, store, run_dir, parts, snap)
     del snap
+    return train(cfg, d, run_dir, parts, runtime)
 
-    inbox = RolloutReceiver(store, rank, generators, first=T)
-    monitor = HeartbeatMonitor(store, generators, r.heartbeat_timeout_s)
-    pusher = WeightPusher(store, generators, first=T) if lead else None
-    keys = weight_keys(plain.state_dict()) if lead else None
-    eval_problems = task.eval_problems()[: cfg.eval.n_problems]
-    eval_due, log_due = OnGrid(cfg.eval.every), Every(cfg.logger.log_every)
-    sync = Every(s.sync_every)
-    snapshot_due = Every(cfg.checkpoint.every) if cfg.checkpoint.every else (lambda step: False)
-    B_rank = s.batch_size // T
 
-    logger = details_log = snapshots = evaluator = None
-    if lead:
-        logger = make_logger(
-            cfg, run_dir, {**OmegaConf.to_container(cfg), "derived": dataclasses.asdict(d)}
-        )
-        details_log = MetricsWriter(run_dir / "eval_details.jsonl")
-        evaluator = HFGenerator(
-            evaluated, tokenizer.pad_token_id, tokenizer.eos_token_id,
-            chunk_size=g.chunk_size, sampler=g.sampler,
-        )  # fmt: skip
-        snapshots = Checkpointer(
-            run_dir / "checkpoints",
-            {k: _Value(None) for k in ("policy", "optimizer", "buffers", "ledgers")},
-            keep=cfg.checkpoint.keep,
-            sync_files=[run_dir / "metrics.jsonl", run_dir / "eval_details.jsonl"],
-        )
+class TrainerRank:
+    """The rollout source and the collective of one trainer rank (module docstring)."""
 
-    def node_ledger() -> Ledger:
-        """The node's ledger, on every trainer (so each decides the eval grid alike)."""
-        states = [None] * T
-        dist.all_gather_object(states, dataclasses.asdict(ledger), group=group)
-        return merged_ledger(ledger, states)
+    def __init__(self, cfg, d, rank: int, group, store, run_dir: Path, parts, snap):
+        T, W = d.trainers, d.workers
+        self.cfg, self.d, self.p, self.rank, self.group = cfg, d, parts, rank, group
+        self.T, self.W, self.lead, self.wrapper = T, W, rank == 0, cfg.runtime.wrapper
+        self.generators = list(range(T, T + W))
+        # Per generator: rollouts received here, the newest batch index seen.
+        self.received = dict.fromkeys(self.generators, 0)
+        self.newest = dict.fromkeys(self.generators, -1)
+        self.wait_seconds, self.replica_checks, self.dead, self.stopping = 0.0, 0, [], False
+        self.resumed = None
+        if snap is not None:  # the policy was loaded before wrapping (build_parts)
+            st = snap.trainer["runtime"]
+            parts.buffer.load_state_dict(snap.states["buffers"][rank])
+            parts.ledger.load_state_dict(snap.states["ledgers"][rank])
+            opt = snap.states["optimizer"]
+            load_optimizer_state(parts.model, parts.optimizer, opt, self.wrapper)
+            self.received = {g: int(st["received"][str(rank)][str(g - T)]) for g in self.generators}
+            self.newest = {g: int(st["next_batch"][str(g - T)]) - 1 for g in self.generators}
+            self.replica_checks = int(st["replica_checks"])
+            self.resumed = (snap.step, snap.trainer["first_eval"], snap.trainer["last_eval"])
+        self.inbox = RolloutReceiver(store, rank, self.generators, first=T)
+        self.monitor = HeartbeatMonitor(store, self.generators, cfg.runtime.heartbeat_timeout_s)
+        self.pusher = WeightPusher(store, self.generators, first=T) if self.lead else None
+        self.keys = weight_keys(parts.plain.state_dict()) if self.lead else None
+        self.sync = Every(cfg.schedule.sync_every)
+        self.snapshots = None
+        if self.lead:  # the components are gathered values, filled in at each save
+            self.snapshots = Checkpointer(
+                run_dir / "checkpoints",
+                {k: _Value(None) for k in ("policy", "optimizer", "buffers", "ledgers")},
+                keep=cfg.checkpoint.keep,
+                sync_files=[run_dir / name for name in LOG_FILES],
+            )
+        self.weights = full_state(parts.model, self.wrapper)  # of the current version (rank 0)
+        self.pushed_version = 0 if self.resumed is None else self.resumed[0]
+        self.t_start = time.perf_counter()
 
-    def eval_x(led: Ledger) -> float:
-        return getattr(led, EVAL_UNITS[cfg.eval.unit])
+    # --- the source -------------------------------------------------------------------------
 
-    def run_eval(step: int, led: Ledger) -> dict[str, float]:
-        t0 = time.perf_counter()
-        if r.wrapper == "fsdp":
-            evaluated.load_state_dict(weights)
-        out, details = evaluate(
-            evaluator, evaluated, tokenizer, task, eval_problems, cfg.eval, d.max_new_tokens,
-            derive_seed(cfg.seed, "eval", step), chat=chat, micro_batch_size=a.micro_batch_size,
-        )  # fmt: skip
-        ledger.add_eval(time.perf_counter() - t0)
-        x = {"compute/paper_units": led.paper_units, "compute/rollouts": led.rollouts}
-        details_log.write({"step": step, **x, **encode_details(details)})
-        return {f"eval/{k}": v for k, v in out.items()}
-
-    def take_arrivals(step: int) -> None:
-        for gen_rank, msg in inbox.poll():
+    def _poll(self, step: int) -> list[Arrival]:
+        out = []
+        for gen_rank, msg in self.inbox.poll():
             batch = batch_from_dict(msg["batch"])
             batch.created_step_B = torch.full_like(batch.created_step_B, step)
-            received[gen_rank] += len(batch)
-            newest[gen_rank] = max(newest[gen_rank], int(msg["j"]))
-            tokens = int(batch.completion_mask_BxC.sum())
-            ledger.add_generation(sequence_lengths(batch), tokens, msg["seconds"])
-            counts["arrived_step"] += len(batch)
-            counts["reward_sum_step"] += float(batch.reward_B.sum())
-            buffer.add(batch, step)
+            self.received[gen_rank] += len(batch)
+            self.newest[gen_rank] = max(self.newest[gen_rank], int(msg["j"]))
+            out.append(Arrival(batch, msg["seconds"]))
+        return out
 
-    def runtime_state() -> dict:
+    def _find_dead(self) -> list[int]:
+        """Generators whose connection broke mid-message or whose heartbeat stopped."""
+        return sorted(self.inbox.broken | set(self.monitor.dead(self.inbox.open)))
+
+    def take(self, step: int, wait: bool) -> list[Arrival]:
+        out = self._poll(step)
+        t0 = time.perf_counter()
+        while wait and not out and not self.dead:  # nothing to train on: wait for a generator
+            time.sleep(0.002)
+            out = self._poll(step)
+            self.dead = self._find_dead()
+        self.wait_seconds += time.perf_counter() - t0
+        return out
+
+    # --- the collective ---------------------------------------------------------------------
+
+    def stop_now(self, step: int) -> bool:
+        self.dead = self.dead or self._find_dead()
+        flag = torch.tensor([len(self.dead)], dtype=torch.long)
+        dist.all_reduce(flag, group=self.group)  # every trainer stops if any saw a death
+        self.stopping = bool(int(flag))
+        if self.stopping and self.lead:
+            names = ", ".join(f"rank {g} (generator {g - self.T})" for g in self.dead)
+            names = names or "seen by a peer"
+            log.error("generator died: %s; snapshot at step %d, stopping", names, step)
+        return self.stopping
+
+    def after_update(self, version: int, need_weights: bool) -> None:
+        if self.cfg.runtime.check_replicas and self.wrapper == "ddp":
+            digests = [None] * self.T
+            dist.all_gather_object(digests, params_digest(self.p.plain), group=self.group)
+            if len(set(digests)) != 1:
+                raise RuntimeError(f"version {version}: trainer replicas differ after the update")
+            self.replica_checks += 1
+        push = self.sync(version) or version == self.d.total_steps
+        if push or need_weights:
+            self.weights = full_state(self.p.model, self.wrapper)
+        if self.lead and push and version < self.d.total_steps:
+            self.pusher.push(version, flatten(self.weights, self.keys))
+            self.pushed_version = version
+
+    def node_ledger(self) -> Ledger:
+        """The node's ledger, on every trainer (so each decides the eval grid alike)."""
+        states = [None] * self.T
+        dist.all_gather_object(states, dataclasses.asdict(self.p.ledger), group=self.group)
+        return merged_ledger(self.p.ledger, states)
+
+    def _gather(self, obj: Any) -> list | None:
+        out = [None] * self.T if self.lead else None
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out
+
+    def gather_step(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        every = self._gather((record, buffer_views(self.p.buffer)))
+        if not self.lead:
+            return None
+        return {"ranks": [e[0] for e in every], "buffers": [v for e in every for v in e[1]]}
+
+    def metrics(self, led: Ledger) -> dict[str, Any]:
+        if not self.lead:
+            return {}
+        return {
+            "policy/generator_version": self.pushed_version,
+            **runtime_metrics(
+                led, self.d, pushes=self.pusher.pushed, skipped=self.pusher.skipped,
+                wait_seconds=self.wait_seconds, replica_checks=self.replica_checks,
+                wall=time.perf_counter() - self.t_start,
+            ),
+        }  # fmt: skip
+
+    def evaluator(self, version: int):
+        if self.wrapper == "fsdp":
+            self.p.evaluator.model.load_state_dict(self.weights)
+        return self.p.evaluator, self.p.evaluator.model
+
+    def _runtime_state(self) -> dict:
         """What a relaunch needs beyond the components: per trainer, rollouts received from
         each generator; per generator, the next batch index (gathered on rank 0)."""
-        mine = {"received": {str(gr - T): n for gr, n in received.items()},
-                "newest": {str(gr - T): j for gr, j in newest.items()}}  # fmt: skip
-        every = [None] * T if lead else None
-        dist.gather_object(mine, every, dst=0, group=group)
-        if not lead:
+        T = self.T
+        mine = {"received": {str(g - T): n for g, n in self.received.items()},
+                "newest": {str(g - T): j for g, j in self.newest.items()}}  # fmt: skip
+        every = self._gather(mine)
+        if not self.lead:
             return {}
         return {
             "received": {str(t): every[t]["received"] for t in range(T)},
-            "next_batch": {str(w): max(e["newest"][str(w)] for e in every) + 1 for w in range(W)},
-            "replica_checks": counts["replica_checks"],
+            "next_batch": {
+                str(w): max(e["newest"][str(w)] for e in every) + 1 for w in range(self.W)
+            },
+            "replica_checks": self.replica_checks,
         }
 
-    def save(step: int) -> None:
-        pieces = [None] * T if lead else None
-        mine = {"buffer": buffer.state_dict(), "ledger": ledger.state_dict()}
-        dist.gather_object(mine, pieces, dst=0, group=group)
-        opt = optimizer_state(model, optimizer, r.wrapper)
-        state = runtime_state()
-        if lead:
-            snapshots.components.update(
-                policy=_Value(weights), optimizer=_Value(opt),
+    def save(self, step: int, **evals: Any) -> None:
+        mine = {"buffer": self.p.buffer.state_dict(), "ledger": self.p.ledger.state_dict()}
+        pieces = self._gather(mine)
+        if self.stopping:  # the weights of this step were not made current (a collective)
+            self.weights = full_state(self.p.model, self.wrapper)
+        opt = optimizer_state(self.p.model, self.p.optimizer, self.wrapper)
+        state = self._runtime_state()
+        if self.lead:
+            self.snapshots.components.update(
+                policy=_Value(self.weights), optimizer=_Value(opt),
                 buffers=_Value([p["buffer"] for p in pieces]),
                 ledgers=_Value([p["ledger"] for p in pieces]),
             )  # fmt: skip
-            snapshots.save(step, first_eval=first_eval, last_eval=last_eval, runtime=state)
+            self.snapshots.save(step, **evals, runtime=state)
 
-    weights = full_state(model, r.wrapper)  # the policy of the current version (rank 0)
-    led = node_ledger()
-    if snapshot_path is None:
-        if cfg.eval.at_start and lead:
-            first_eval = run_eval(0, led)
-            logger.log({"step": 0, **first_eval, **prefixed("compute", led.metrics())})
-            log.info("step 0 | %s", format_eval(first_eval))
-        last_eval = dict(first_eval or {})
-        if snapshot_due(0):
-            save(0)
-
-    t_start = time.perf_counter()
-    stopped_at, dead = None, []
-
-    def find_dead() -> list[int]:
-        """Generators whose connection broke mid-message or whose heartbeat stopped."""
-        return sorted(inbox.broken | set(monitor.dead(inbox.open)))
-
-    for step in range(start, d.total_steps):
-        x_before = eval_x(led)
-        counts["arrived_step"], counts["reward_sum_step"] = 0, 0.0
-        take_arrivals(step)
-        t0 = time.perf_counter()
-        while len(buffer) == 0 and not dead:  # nothing to train on yet: wait for a generator
+    def finish(self, final_step: int, store) -> dict[str, Any]:
+        """Stop the generators and drain what is in flight into the shards (at the final
+        step). Live generators send DONE last; one that dies now (after the last step) is
+        noted, and what it had in flight stays unaccounted for (``dead_generators``)."""
+        dead = list(self.dead)
+        if self.lead:
+            dead = sorted(set(dead) | set(self.pusher.stop(dead=set(dead))))
+        while [g for g in self.inbox.open if g not in dead]:
+            store(self._poll(final_step), final_step)
+            dead = sorted(set(dead) | set(self._find_dead()))
             time.sleep(0.002)
-            take_arrivals(step)
-            dead = find_dead()
-        counts["wait_seconds"] += time.perf_counter() - t0
-        dead = dead or find_dead()
-        flag = torch.tensor([len(dead)], dtype=torch.long)
-        dist.all_reduce(flag, group=group)  # every trainer stops if any saw a death
-        if int(flag):
-            stopped_at = step
-            break
-        t0 = time.perf_counter()
-        batch = buffer.sample(B_rank, step)
-        newest_version = int(batch.version_B.max())
-        if newest_version > step:  # an invariant of the runtime, checked on every batch
-            raise RuntimeError(
-                f"rank {rank} step {step}: a rollout of version {newest_version} is newer "
-                "than the trainer"
-            )
-        stats = policy_update(
-            model, optimizer, batch, a, g.temperature, d.max_new_tokens,
-            version=step if cfg.logger.diagnostics else None,
-        )  # fmt: skip
-        seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
-        ledger.add_training(sequence_lengths(batch), stats.get("tokens", 0), seconds)
-        version = step + 1
-        if r.check_replicas and r.wrapper == "ddp":
-            digests = [None] * T
-            dist.all_gather_object(digests, params_digest(plain), group=group)
-            if len(set(digests)) != 1:
-                raise RuntimeError(f"step {step}: trainer replicas differ after the update")
-            counts["replica_checks"] += 1
-        push = sync(version) or version == d.total_steps
-        led = node_ledger()
-        is_eval = eval_due(x_before, eval_x(led)) or version == d.total_steps
-        if push or is_eval or snapshot_due(version):
-            weights = full_state(model, r.wrapper)
-        if lead and push and version < d.total_steps:
-            pusher.push(version, flatten(weights, keys))
-        views = [None] * T if lead else None
-        wanted = log_due(version) or is_eval or version == d.total_steps
-        step_counts = [counts["arrived_step"], counts["reward_sum_step"], newest_version]
-        if wanted:
-            dist.gather_object((buffer.view(), step_counts), views, dst=0, group=group)
-        if lead and wanted:
-            row = {"step": version, "policy/version": version}
-            arrived = sum(v[1][0] for v in views)
-            row.update(
-                {
-                    "train/fresh_rollouts": arrived,
-                    "train/reward": sum(v[1][1] for v in views) / arrived if arrived else None,
-                    "train/batch_reward": float(batch.reward_B.mean()),
-                    # the newest policy version in any rank's batch (<= step - 1 = this step)
-                    "runtime/batch_version_max": max(v[1][2] for v in views),
-                    **update_metrics(stats),
-                    **prefixed("buffer", collect_stats([v[0] for v in views])),
-                    **runtime_metrics(led, pusher, T, W, counts, time.perf_counter() - t_start),
-                }
-            )
-            if is_eval:
-                last_eval = run_eval(version, led)
-                write_telemetry(run_dir, version, collect_telemetry([v[0] for v in views]), logger)
-                row.update(last_eval)
-                log.info("step %d | %s", version, format_eval(last_eval))
-            row.update(prefixed("compute", led.metrics()))
-            logger.log(row)
-        if snapshot_due(version):
-            save(version)
+        if dead and not self.stopping:
+            log.error("generator rank(s) %s died after the last step; the run is complete", dead)
+        every = self._gather(
+            (buffer_views(self.p.buffer), self.received, dict(self.inbox.done), dead)
+        )
+        if not self.lead:
+            return {}
+        return {
+            "buffers": [v for e in every for v in e[0]],
+            "sent": sum(sum(e[2].values()) for e in every),
+            "received": sum(sum(e[1].values()) for e in every),
+            "dead": sorted({g - self.T for e in every for g in e[3]}),
+            "stopped": f"generator rank(s) {self.dead or '?'} died; snapshot at step {final_step}",
+        }
 
-    # Reuse and rates over the training steps, then: stop the generators, drain what is in
-    # flight into the shards (at the final step), account for every rollout.
-    measured = (
-        runtime_metrics(led, pusher, T, W, counts, time.perf_counter() - t_start) if lead else {}
-    )
-    final_step = d.total_steps if stopped_at is None else stopped_at
-    if stopped_at is not None:
-        names = ", ".join(f"rank {gr} (generator {gr - T})" for gr in dead) or "seen by a peer"
-        log.error("generator died: %s; snapshot at step %d, stopping", names, stopped_at)
-        weights = full_state(model, r.wrapper)
-        save(stopped_at)
-    if lead:
-        dead = sorted(set(dead) | set(pusher.stop(dead=set(dead))))
-    # Live generators send DONE last; one that dies now (after the last step) is noted, and
-    # whatever it had in flight stays unaccounted for (summary.json: dead_generators).
-    while [gr for gr in inbox.open if gr not in dead]:
-        take_arrivals(final_step)
-        dead = sorted(set(dead) | set(find_dead()))
-        time.sleep(0.002)
-    if dead and stopped_at is None:
-        log.error("generator rank(s) %s died after the last step; the run is complete", dead)
-    views = [None] * T if lead else None
-    mine = (buffer.view(), received, dict(inbox.done), dead)
-    dist.gather_object(mine, views, dst=0, group=group)
-    led = node_ledger()
-    if not lead:
-        return None
-    if stopped_at is not None:
-        logger.close({"status": "stopped", "step": stopped_at})
-        raise GeneratorDied(f"generator rank(s) {dead or '?'} died; snapshot at step {stopped_at}")
-    accounting = account(views, T, W)
-    telemetry = collect_telemetry([v[0] for v in views])
-    write_telemetry(run_dir, final_step, telemetry, None)
-    summary = {
-        "status": "finished",
-        "steps": d.total_steps,
-        "initial": first_eval,
-        "final": last_eval,
-        "compute": led.metrics(),
-        "runtime": {
-            **accounting,
-            **{k.removeprefix("runtime/"): v for k, v in measured.items()},
-            "off_policiness_hist": telemetry["off_policiness"],
-        },
-    }
-    logger.close(summary)
-    details_log.close()
-    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    log.info("done: %s", format_eval(last_eval))
-    return summary
+    def final_model(self) -> torch.nn.Module | None:
+        weights = full_state(self.p.model, self.wrapper)  # a collective under fsdp
+        if not self.lead:
+            return None
+        model = self.p.evaluator.model
+        if self.wrapper == "fsdp":
+            model.load_state_dict(weights)
+        return model
 
-
-def account(views: list, T: int, W: int) -> dict[str, Any]:
-    """Every rollout generated is trained on, still buffered, or gone: per trainer, the
-    rollouts the generators say they sent (DONE messages) = received = added to the shard =
-    stored + evicted + retired."""
-    sent = sum(sum(done.values()) for _, _, done, _ in views)
-    received = sum(sum(rec.values()) for _, rec, _, _ in views)
-    c = {k: sum(v[0].counters[k] for v in views) for k in COUNTERS}
-    stored = sum(len(v[0].uses) for v in views)
-    return {
-        "generated": sent,
-        "received": received,
-        "added": c["added_total"],
-        "buffered": stored,
-        "evicted": c["evicted_total"],
-        "evicted_unused": c["evicted_unused_total"],
-        "retired": c["retired_total"],
-        "samples_trained": c["sampled_total"],
-        "dead_generators": sorted({g - T for *_, gone in views for g in gone}),
-        "balanced": sent
-        == received
-        == c["added_total"]
-        == stored + c["evicted_total"] + c["retired_total"],
-    }
-
-
-def runtime_metrics(led: Ledger, pusher, T: int, W: int, counts: dict, wall: float) -> dict:
-    """Measured reuse y = samples trained / rollouts generated, the paper's mu estimate
-    (K_train / T) / (K_inf / W) = y W / T, and the first-order prediction mu T / W."""
-    y = led.samples_trained / led.rollouts if led.rollouts else float("nan")
-    return {
-        "runtime/reuse": y,
-        "runtime/mu_estimate": y * W / T,
-        "runtime/first_order_reuse": led.mu * T / W,
-        "runtime/steps_per_second": led.steps / wall if wall > 0 else float("nan"),
-        "runtime/pushes": pusher.pushed,
-        "runtime/pushes_skipped": pusher.skipped,
-        "runtime/wait_seconds_rank0": counts["wait_seconds"],
-        "runtime/replica_checks": counts["replica_checks"],
-    }
+    def close(self) -> None:
+        pass
