@@ -163,9 +163,9 @@ class AsyncScheduleConfig(ScheduleConfig):
 
 @dataclass
 class RuntimeConfig:
-    """``runtime=emulated``: the single-process loop (``schedule=async`` emulates the node)."""
+    """``runtime=inprocess``: the single-process loop (``schedule=async`` emulates the node)."""
 
-    name: str = MISSING  # emulated | distributed
+    name: str = MISSING  # inprocess | distributed
 
 
 @dataclass
@@ -334,7 +334,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "generation": {"hf": HFGenerationConfig, "vllm": VLLMGenerationConfig},
     "eval": {"default": EvalConfig},
     "logger": {"jsonl": LoggerConfig, "wandb": WandbLoggerConfig},
-    "runtime": {"emulated": RuntimeConfig, "distributed": DistributedRuntimeConfig},
+    "runtime": {"inprocess": RuntimeConfig, "distributed": DistributedRuntimeConfig},
 }
 # The key of each group's node that names its option (model and eval have none: their
 # schema is chosen by the YAML alone).
