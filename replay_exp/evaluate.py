@@ -1,29 +1,21 @@
-"""Held-out evaluation: pass@1 (greedy or low temperature), pass@k, policy entropy."""
+"""Held-out evaluation: pass@1 (greedy or low temperature), pass@k, policy entropy.
+
+``pass_at_k`` and the ``eval_details.jsonl`` codec (``encode_details`` / ``decode_details``)
+live in :mod:`replay_exp.estimators` (numpy only) and are re-exported here."""
 
 from __future__ import annotations
-
-from math import comb
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from replay_exp.algo import masked_mean
+from replay_exp.estimators import decode_details, encode_details, pass_at_k
 from replay_exp.models.forward import policy_logprobs
 from replay_exp.rollout import Generator, SamplingParams
 from replay_exp.rollout.collect import score, tokenize_prompts
 from replay_exp.tasks import Problem, Task
 from replay_exp.types import RolloutBatch
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)
-    (Chen et al., 2021). Requires 1 <= k <= n."""
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 @torch.no_grad()
@@ -97,25 +89,4 @@ def evaluate(
     return out, details
 
 
-def encode_details(details: dict) -> dict:
-    """Per-problem results as compact strings for ``eval_details.jsonl``: ``pass1`` as packed
-    bits in hex, ``n_correct`` as one byte per problem in hex (two if a count exceeds 255),
-    and the counts ``n_problems`` and ``n_samples``."""
-    counts = np.asarray(details["n_correct"])
-    dtype = np.uint8 if counts.max(initial=0) < 256 else np.dtype("<u2")
-    return {
-        "n_problems": int(len(details["pass1"])),
-        "n_samples": int(details["n_samples"]),
-        "pass1": np.packbits(np.asarray(details["pass1"], dtype=bool)).tobytes().hex(),
-        "n_correct": counts.astype(dtype).tobytes().hex(),
-        "n_correct_bytes": int(np.dtype(dtype).itemsize),
-    }
-
-
-def decode_details(row: dict) -> dict[str, np.ndarray]:
-    """The inverse of :func:`encode_details` (``n_samples`` stays in the row)."""
-    n = int(row["n_problems"])
-    bits = np.unpackbits(np.frombuffer(bytes.fromhex(row["pass1"]), dtype=np.uint8))[:n]
-    dtype = np.uint8 if int(row.get("n_correct_bytes", 1)) == 1 else np.dtype("<u2")
-    counts = np.frombuffer(bytes.fromhex(row["n_correct"]), dtype=dtype).astype(np.int64)
-    return {"pass1": bits.astype(bool), "n_correct": counts}
+__all__ = ["decode_details", "encode_details", "evaluate", "pass_at_k"]

@@ -21,8 +21,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from replay_exp.checkpoint import atomic_write_text
-
 log = logging.getLogger("replay_exp")
 
 
@@ -228,6 +226,10 @@ def write_telemetry(run_dir: str | Path, step: int, telemetry: dict, logger=None
     """``buffer_telemetry.json``: a buffer's cumulative per-use histograms (off-policiness,
     age, previous uses, steps since last use, replay count; the paper's Figure 2) up to
     ``step``, rewritten atomically at every evaluation (and sent to ``logger``, if given)."""
+    # Here, not at the top: replay_exp.checkpoint imports torch, and the analysis reads
+    # metrics through this module without it (tests/test_layering.py).
+    from replay_exp.checkpoint import atomic_write_text
+
     payload = {"step": step, "bins": "0..63 then one overflow bin", **telemetry}
     atomic_write_text(Path(run_dir) / "buffer_telemetry.json", json.dumps(payload))
     if logger is not None:

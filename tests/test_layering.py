@@ -1,14 +1,24 @@
 """The package's modules import each other without a cycle, counting imports inside functions
-too (a function-level import can hide a cycle that only bites at call time), and the leaf
-modules import nothing of the package."""
+too (a function-level import can hide a cycle that only bites at call time), the leaf
+modules import nothing of the package, and reading a sweep (``replay_exp.analysis``) never
+loads torch, transformers or the generation stack."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "replay_exp"
-LEAVES = ("replay_exp.errors", "replay_exp.schemas", "replay_exp.costmodel")
+LEAVES = (
+    "replay_exp.errors",
+    "replay_exp.schemas",
+    "replay_exp.costmodel",
+    "replay_exp.estimators",
+)
+# What the analysis must not pull in, directly or through the package.
+HEAVY = ("torch", "transformers", "replay_exp.rollout", "replay_exp.evaluate", "replay_exp.models")
 
 
 def _modules() -> dict[str, Path]:
@@ -109,3 +119,40 @@ def test_generation_does_not_import_the_trainer():
     graph = import_graph()
     for mod in ("replay_exp.rollout.collect", "replay_exp.evaluate", "replay_exp.rollout.hf"):
         assert "replay_exp.update" not in graph[mod] and "replay_exp.train" not in graph[mod]
+
+
+def test_estimators_import_only_numpy_and_math():
+    tree = ast.parse((PACKAGE / "estimators.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}  # fmt: skip
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+    assert names <= {"__future__", "math", "numpy"}, names
+
+
+def test_the_analysis_does_not_import_the_generation_stack():
+    """Statically: no analysis module imports (through any chain of the package's modules)
+    the evaluation, generation or model code. Then for real, in a fresh interpreter:
+    importing the analysis and its report leaves torch and transformers unloaded."""
+    graph = import_graph()
+
+    def reach(mod: str) -> set[str]:
+        seen, todo = set(), [mod]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    for mod in graph:
+        if mod.startswith("replay_exp.analysis"):
+            bad = {m for m in reach(mod) if m.startswith(HEAVY)}
+            assert not bad, (mod, bad)
+    code = (
+        "import sys, replay_exp.analysis, replay_exp.analysis.report, replay_exp.analysis.stats\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m in {HEAVY!r}"
+        " or m.startswith(('replay_exp.rollout', 'replay_exp.models'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

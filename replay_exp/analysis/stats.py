@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from replay_exp.analysis.curves import compute_to_target, x_column
-from replay_exp.evaluate import decode_details, pass_at_k
+from replay_exp.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.logging import read_metrics
 
 STATS = ("final", "peak", "saving", "stability")
@@ -79,7 +79,7 @@ def per_problem_values(row: dict, metric: str) -> np.ndarray | None:
         return counts / n
     if name.startswith("pass@") and name.endswith("_sampled") and n:
         k = int(name[len("pass@") : -len("_sampled")])
-        return np.array([pass_at_k(n, int(c), k) for c in counts])
+        return pass_at_k_per_problem(n, counts, k)
     return None
 
 

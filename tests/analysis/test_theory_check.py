@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from replay_exp.analysis.theory_check import check, main, nearest, optimum
-from replay_exp.evaluate import encode_details
+from replay_exp.estimators import encode_details
 from replay_exp.theory import closed_form_optimum
 
 
