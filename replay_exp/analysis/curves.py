@@ -6,20 +6,26 @@ Conventions (the tests pin them):
   rollouts), ``compute`` (the paper's units: one on-policy step = 1), ``flops`` (analytic) and
   ``wall`` (measured seconds of generation + training + evaluation). All are cumulative columns
   of metrics.jsonl.
-- **Interpolation**: a run's curve is its evaluation points joined by straight lines in x; it is
-  never extrapolated: before its first or after its last point it is undefined (NaN).
-- **Aggregation**: on a common x-grid, each configuration's curve is the median and the
-  inter-quartile range (25th / 75th percentiles, linear interpolation between order statistics,
-  numpy's default) over its seeds. A grid point belongs to a configuration's curve only where
-  every seed has a value (``min_seeds`` relaxes this), so a seed that stopped early never
-  biases the median toward the survivors.
+- **Interpolation** (:func:`interpolate`, also used by the bootstrap in
+  :mod:`replay_exp.analysis.stats`): a run's curve is its evaluation points joined by straight
+  lines in x; it is never extrapolated: before its first or after its last point it is
+  undefined (NaN).
+- **Aggregation**: on a common x-grid (:func:`make_grid`: every run's evaluation points among
+  others), each configuration's curve is the **mean over its seeds**: the point estimate of
+  every statistic in the tables (peak, final, drawdown, compute to target), the one the
+  bootstrap intervals of :mod:`replay_exp.analysis.stats` are centred on. The median and the
+  inter-quartile range (25th / 75th percentiles, numpy's linear interpolation between order
+  statistics) are kept as the spread of the seeds, for the figures. A grid point belongs to a
+  configuration's curve only where every seed has a value (``min_seeds`` relaxes this), so a
+  seed that stopped early never biases the curve toward the survivors.
+- **Drawdown** (:func:`drawdown`): a curve's largest drop below its own running peak.
 - **Compute to target**: the smallest x at which a curve reaches ``target``: the first
   evaluation point at or above it, linearly interpolated with the point before it (the crossing
   of the segment); the first point if it already is at or above the target; ``inf`` if the curve
   never gets there (reported as "not reached").
-- **Pareto envelope** over configurations: at each x, the best accuracy any configuration has
-  reached with at most x (the running maximum of each curve, then the maximum over
-  configurations), and which configuration holds it.
+- **Pareto envelope** over configurations: at each x, the best seed-mean accuracy any
+  configuration has reached with at most x (the running maximum of each curve, then the
+  maximum over configurations), and which configuration holds it.
 """
 
 from __future__ import annotations
@@ -48,27 +54,42 @@ def x_label(x: str) -> str:
 
 
 def interpolate(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """The piecewise-linear curve through (x, y) evaluated on ``grid``; NaN outside
-    [x.min(), x.max()]. Points with NaN y are ignored; x must be non-decreasing."""
+    """The one value-at-x interpolator of the analysis (curves here, the paired bootstrap in
+    :mod:`replay_exp.analysis.stats`): the piecewise-linear curve through (x[k], y[k]) at every
+    point of ``grid``, NaN outside [x[0], x[-1]] (never extrapolated).
+
+    ``y`` is [K] or [K, ...]: every column is interpolated with the same weights. Points where
+    x or (any column of) y is NaN are dropped; x must be non-decreasing. Between x[i] <= g <
+    x[i+1]: y[i] + (g - x[i]) / (x[i+1] - x[i]) * (y[i+1] - y[i]); at a repeated x the last of
+    its points holds; at g = x[-1], y[-1]."""
     x, y, grid = (np.asarray(a, dtype=float) for a in (x, y, grid))
-    ok = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[ok], y[ok]
+    bad = np.isnan(x) | np.isnan(y).reshape(len(y), -1).any(axis=1)
+    x, y = x[~bad], y[~bad]
+    out_shape = grid.shape + y.shape[1:]
     if len(x) == 0:
-        return np.full(grid.shape, np.nan)
-    out = np.interp(grid, x, y)
+        return np.full(out_shape, np.nan)
+    i = np.clip(np.searchsorted(x, grid, side="right") - 1, 0, len(x) - 1)
+    j = np.minimum(i + 1, len(x) - 1)
+    span = x[j] - x[i]
+    t = np.where(span > 0, (grid - x[i]) / np.where(span > 0, span, 1.0), 0.0)
+    t = t.reshape(t.shape + (1,) * (y.ndim - 1))
+    out = y[i] * (1 - t) + y[j] * t
     out[(grid < x[0]) | (grid > x[-1])] = np.nan
     return out
 
 
 def make_grid(steps: pd.DataFrame, x: str, n: int = 60, y: str | None = None) -> np.ndarray:
-    """``n`` evenly spaced points from 0 to the largest x any run reached (at an evaluation
-    point of ``y``, if given), plus every run's own last x so that final values are on it."""
+    """``n`` evenly spaced points from 0 to the largest x any run reached, plus every run's own
+    evaluation x (of ``y``, if given; else every row's x). With every knot of every run's
+    piecewise-linear curve on it, a seed-mean curve on this grid is exact: its peak, its
+    drawdown and where it crosses a target are those of the mean of the runs' curves, not of
+    a sampling of it."""
     col = x_column(x)
     rows = steps.dropna(subset=[y]) if y else steps
-    ends = rows.groupby("run")[col].max().to_numpy(dtype=float)
-    if len(ends) == 0:
+    xs = rows[col].dropna().to_numpy(dtype=float)
+    if len(xs) == 0:
         return np.zeros(0)
-    return np.unique(np.concatenate([np.linspace(0.0, ends.max(), n), ends]))
+    return np.unique(np.concatenate([np.linspace(0.0, xs.max(), n), xs]))
 
 
 def run_curves(steps: pd.DataFrame, x: str, y: str, grid: np.ndarray | None = None) -> pd.DataFrame:
@@ -97,6 +118,28 @@ def run_curves(steps: pd.DataFrame, x: str, y: str, grid: np.ndarray | None = No
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
 
+def _seed_matrices(per_run: pd.DataFrame, min_seeds: int | None = None):
+    """Per configuration of :func:`run_curves` rows: (config, label, x [K], values [K, S],
+    seeds with a value [K], S), keeping the grid points where at least ``min_seeds`` seeds
+    (default: all of them) have a value."""
+    for (config, label), g in per_run.groupby(["config", "label"], sort=False):
+        n_runs = g["run"].nunique()
+        need = n_runs if min_seeds is None else min(min_seeds, n_runs)
+        table = g.pivot_table(index="x", columns="run", values="value", dropna=False)
+        vals = table.to_numpy(dtype=float)
+        have = (~np.isnan(vals)).sum(axis=1)
+        keep = have >= need
+        if keep.any():
+            yield (
+                config,
+                label,
+                table.index.to_numpy(dtype=float)[keep],
+                vals[keep],
+                have[keep],
+                n_runs,
+            )
+
+
 def aggregate(
     steps: pd.DataFrame,
     x: str = "compute",
@@ -104,39 +147,36 @@ def aggregate(
     grid: np.ndarray | None = None,
     min_seeds: int | None = None,
 ) -> pd.DataFrame:
-    """Median and IQR over seeds of each configuration's ``y`` vs ``x`` on a common grid.
+    """Each configuration's ``y`` vs ``x`` over its seeds on a common grid: the seed mean (the
+    point estimate every table of the report uses) and, as the spread of the seeds around it,
+    their median and IQR.
 
-    Returns columns config, label, x, median, q25, q75, n_seeds (seeds with a value at x) and
-    n_runs (seeds of the configuration); rows only where at least ``min_seeds`` seeds (default:
-    all of them) have a value."""
-    per_run = run_curves(steps, x, y, grid)
+    Returns columns config, label, x, mean, median, q25, q75, n_seeds (seeds with a value at x)
+    and n_runs (seeds of the configuration); rows only where at least ``min_seeds`` seeds
+    (default: all of them) have a value."""
     rows = []
-    for (config, label), g in per_run.groupby(["config", "label"], sort=False):
-        n_runs = g["run"].nunique()
-        need = n_runs if min_seeds is None else min(min_seeds, n_runs)
-        table = g.pivot_table(index="x", columns="run", values="value", dropna=False)
-        vals = table.to_numpy()
-        have = (~np.isnan(vals)).sum(axis=1)
-        keep = have >= need
-        if not keep.any():
-            continue
+    for config, label, xs, vals, have, n_runs in _seed_matrices(
+        run_curves(steps, x, y, grid), min_seeds
+    ):
         with np.errstate(all="ignore"):
-            q25, med, q75 = np.nanpercentile(vals[keep], [25, 50, 75], axis=1)
+            q25, med, q75 = np.nanpercentile(vals, [25, 50, 75], axis=1)
+            mean = np.nanmean(vals, axis=1)
         rows.append(
             pd.DataFrame(
                 {
                     "config": config,
                     "label": label,
-                    "x": table.index.to_numpy()[keep],
+                    "x": xs,
+                    "mean": mean,
                     "median": med,
                     "q25": q25,
                     "q75": q75,
-                    "n_seeds": have[keep],
+                    "n_seeds": have,
                     "n_runs": n_runs,
                 }
             )
         )
-    cols = ["config", "label", "x", "median", "q25", "q75", "n_seeds", "n_runs"]
+    cols = ["config", "label", "x", "mean", "median", "q25", "q75", "n_seeds", "n_runs"]
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)
 
 
@@ -156,13 +196,24 @@ def compute_to_target(x: Sequence[float], y: Sequence[float], target: float) -> 
     return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
 
 
-def pareto_envelope(curves: pd.DataFrame, by: str = "label") -> pd.DataFrame:
+def drawdown(values: np.ndarray, axis: int = -1) -> np.ndarray | float:
+    """The one drawdown of the analysis: the largest drop of a curve below its own running
+    peak, ``max_k (max_{k' <= k} v[k'] - v[k])`` along ``axis`` (0 for a curve that never
+    falls). A 1-D curve gives a float (NaN if empty); an array of curves gives an array, e.g.
+    [S, K, R] along axis 1 -> [S, R] (the bootstrap's seeds x replicates)."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim == 1:
+        return float((np.maximum.accumulate(v) - v).max()) if len(v) else float("nan")
+    return (np.maximum.accumulate(v, axis=axis) - v).max(axis=axis)
+
+
+def pareto_envelope(curves: pd.DataFrame, by: str = "label", value: str = "mean") -> pd.DataFrame:
     """The upper envelope of aggregated ``curves`` (from :func:`aggregate`): for each x, the
-    best median any configuration reached with at most x, and the ``by`` value of the
-    configuration holding it. Columns: x, best, <by>."""
+    best ``value`` (the seed mean) any configuration reached with at most x, and the ``by``
+    value of the configuration holding it. Columns: x, best, <by>."""
     if curves.empty:
         return pd.DataFrame(columns=["x", "best", by])
-    wide = curves.pivot_table(index="x", columns=by, values="median", dropna=False).sort_index()
+    wide = curves.pivot_table(index="x", columns=by, values=value, dropna=False).sort_index()
     # Running best of each curve; past a curve's end it keeps its best so far.
     running = wide.cummax().ffill().dropna(how="all")
     return pd.DataFrame(
@@ -186,23 +237,6 @@ def pareto_front(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     return pts.loc[keep].reset_index(drop=True)
 
 
-def _quartiles(values: Sequence[float]) -> np.ndarray:
-    """25th, 50th, 75th percentiles where inf (never reached) counts as the worst value: a
-    quantile between two inf values is inf, not NaN."""
-    if len(values) == 0:
-        return np.full(3, np.nan)
-    with np.errstate(invalid="ignore"):
-        q = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
-    return np.nan_to_num(q, nan=np.inf, posinf=np.inf)
-
-
-def drawdown(values: np.ndarray) -> float:
-    """The largest drop of a curve below its own running peak (0 for a curve that never
-    falls): ``max_k (max_{k' <= k} v[k'] - v[k])``."""
-    v = np.asarray(values, dtype=float)
-    return float((np.maximum.accumulate(v) - v).max()) if len(v) else float("nan")
-
-
 def target_table(
     steps: pd.DataFrame,
     x: str = "compute",
@@ -211,48 +245,34 @@ def target_table(
     frac: float = 0.98,
     baseline: str | None = None,
 ) -> tuple[pd.DataFrame, float]:
-    """Per configuration: the peak and final value of the median curve, the per-seed peaks,
-    finals and drawdowns (:func:`drawdown`; median, IQR), and the x needed to reach ``target``
-    (default ``frac`` x the best peak median over all configurations) on the median curve and
-    per seed
-    (median and IQR over seeds; a seed that never reaches it counts as inf), with the saving
-    1 - x / x_baseline relative to the configuration labelled ``baseline``. Returns the table
-    and the target used."""
-    curves = aggregate(steps, x, y)
-    col = x_column(x)
+    """Per configuration, the statistics of its seed-mean curve (:func:`aggregate`'s ``mean``,
+    on the grid points every seed reached; the same statistics, on the same kind of curve,
+    that :mod:`replay_exp.analysis.stats` bootstraps): ``peak`` and ``final`` (its largest and
+    last value), ``drawdown`` (the mean over seeds of each seed's :func:`drawdown` on that
+    range), ``x_to_target`` (:func:`compute_to_target` of the seed-mean curve; ``target``
+    defaults to ``frac`` x the best peak over all configurations), ``seeds_reaching_target``
+    (how many seeds' own curves reach it), and, against the configuration labelled
+    ``baseline``, ``saving_vs_baseline`` = 1 - x_to_target / x_to_target of the baseline.
+    Returns the table and the target used."""
+    per_config = list(_seed_matrices(run_curves(steps, x, y)))
     if target is None:
-        target = frac * float(curves.groupby("config")["median"].max().max())
+        target = frac * max((float(vals.mean(axis=1).max()) for *_, vals, _, _ in per_config),
+                            default=float("nan"))  # fmt: skip
     rows = []
-    for (config, label), g in curves.groupby(["config", "label"], sort=False):
-        runs = steps[(steps["config"] == config)].dropna(subset=[y])
-        per_seed = [
-            compute_to_target(r[col].to_numpy(), r[y].to_numpy(), target)
-            for _, r in runs.groupby("run", sort=False)
-        ]
-        finals = runs.groupby("run")[y].last().to_numpy()
-        peaks = runs.groupby("run")[y].max().to_numpy()
-        drawdowns = np.array([drawdown(r.sort_values(col)[y].to_numpy())
-                              for _, r in runs.groupby("run", sort=False)])  # fmt: skip
-        q = _quartiles(per_seed)
+    for config, label, xs, vals, _, n_runs in per_config:
+        mean = vals.mean(axis=1)
         rows.append(
             {
                 "config": config,
                 "label": label,
-                "seeds": len(per_seed),
-                "peak_median": float(g["median"].max()),
-                "final_median": float(g["median"].iloc[-1]),
-                "final_q25": float(np.percentile(finals, 25)),
-                "final_q75": float(np.percentile(finals, 75)),
-                "peak_seed_median": float(np.median(peaks)),
-                "peak_q25": float(np.percentile(peaks, 25)),
-                "peak_q75": float(np.percentile(peaks, 75)),
-                "drawdown_seed_median": float(np.median(drawdowns)),
-                "drawdown_q25": float(np.percentile(drawdowns, 25)),
-                "drawdown_q75": float(np.percentile(drawdowns, 75)),
-                "x_to_target": compute_to_target(g["x"], g["median"], target),
-                "x_to_target_seed_median": float(q[1]),
-                "x_to_target_seed_q25": float(q[0]),
-                "x_to_target_seed_q75": float(q[2]),
+                "seeds": n_runs,
+                "peak": float(mean.max()),
+                "final": float(mean[-1]),
+                "drawdown": float(drawdown(vals, axis=0).mean()),
+                "x_to_target": compute_to_target(xs, mean, target),
+                "seeds_reaching_target": int(
+                    sum(np.isfinite(compute_to_target(xs, v, target)) for v in vals.T)
+                ),  # fmt: skip
             }
         )
     table = pd.DataFrame(rows)

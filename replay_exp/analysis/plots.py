@@ -50,20 +50,21 @@ def plot_curves(
     logx: bool = False,
     title: str | None = None,
 ) -> list[Path]:
-    """Median and IQR band of each configuration (rows of :func:`aggregate`)."""
+    """Seed mean (the report's point estimate) and IQR band over seeds of each configuration
+    (rows of :func:`aggregate`)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     i = 0
     for label, g in curves.groupby("label", sort=False):
         style = _style(label, baseline, i)
         i += label != baseline
         n = int(g["n_runs"].iloc[0])
-        ax.plot(g["x"], g["median"], label=f"{label} (n={n})", **style)
+        ax.plot(g["x"], g["mean"], label=f"{label} (n={n})", **style)
         ax.fill_between(g["x"], g["q25"], g["q75"], color=style["color"], alpha=0.15, lw=0)
     ax.set(xlabel=x_label, ylabel=y_label, title=title)
     if logx:
         ax.set_xscale("symlog", linthresh=max(float(curves["x"][curves["x"] > 0].min()), 1e-9))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="median, IQR over seeds", title_fontsize=8)
+    ax.legend(fontsize=8, title="mean, IQR over seeds", title_fontsize=8)
     return _save(fig, curves, path)
 
 
@@ -76,11 +77,11 @@ def plot_pareto(
     baseline_family: str | None = None,
 ) -> list[Path]:
     """One Pareto envelope per family of configurations (``families`` maps a config label to
-    its family, e.g. "FIFO N=256" for all its learning rates), over their median curves."""
+    its family, e.g. "FIFO N=256" for all its learning rates), over their seed-mean curves."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = []
     for _, g in curves.groupby("label", sort=False):
-        ax.plot(g["x"], g["median"], color="0.75", linewidth=0.8)
+        ax.plot(g["x"], g["mean"], color="0.75", linewidth=0.8)
     fams = list(dict.fromkeys(families[label] for label in curves["label"].unique()))
     for i, fam in enumerate(fams):
         members = [label for label, f in families.items() if f == fam]
@@ -91,7 +92,7 @@ def plot_pareto(
         ax.plot(env["x"], env["best"], label=f"{fam} (best of {len(members)})", **style)
     ax.set(xlabel=x_label, ylabel=f"best {y_label} so far", title="Pareto envelopes")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="grey: each configuration's median", title_fontsize=8)
+    ax.legend(fontsize=8, title="grey: each configuration's mean", title_fontsize=8)
     data = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
     return _save(fig, data, path)
 
@@ -107,8 +108,8 @@ def plot_heatmaps(
     x_unit: str,
 ) -> list[Path]:
     """Two heatmaps over ``row_key`` x ``col_key`` (columns of ``table``, one row per
-    configuration from :func:`target_table`): best median accuracy, and the compute to reach
-    ``target`` on the median curve ("-" where it is never reached)."""
+    configuration from :func:`target_table`): the peak of the seed-mean accuracy, and the
+    compute to reach ``target`` on the seed-mean curve ("-" where it is never reached)."""
     table = table.assign(
         **{row_key: table[row_key].astype(str), col_key: table[col_key].astype(str)}
     )
@@ -116,7 +117,7 @@ def plot_heatmaps(
     cols = list(dict.fromkeys(table[col_key]))
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.6 * len(rows) + 2.4))
     panels = [
-        ("peak_median", "best median accuracy", "viridis", "{:.3f}"),
+        ("peak", "peak seed-mean accuracy", "viridis", "{:.3f}"),
         ("x_to_target", f"compute to reach {target:.3f}", "viridis_r", "{:.3g}"),
     ]
     for ax, (value, title, cmap, fmt) in zip(axes, panels, strict=True):
@@ -136,13 +137,14 @@ def plot_heatmaps(
         bar = fig.colorbar(im, ax=ax, shrink=0.8)
         if value == "x_to_target":
             bar.set_label(x_unit, fontsize=8)
-    return _save(fig, table[[row_key, col_key, "label", "peak_median", "x_to_target"]], path)
+    return _save(fig, table[[row_key, col_key, "label", "peak", "x_to_target"]], path)
 
 
 def plot_passk_gain(final: pd.DataFrame, baseline: str, path: Path) -> list[Path]:
     """pass@k of each configuration minus the baseline's, vs k (log2), at the last evaluation.
-    ``final``: one row per run with ``label`` and ``eval/pass@{k}_sampled`` columns. Median over
-    seeds of the configuration minus the baseline's median; bars: the configuration's IQR."""
+    ``final``: one row per run with ``label`` and ``eval/pass@{k}_sampled`` columns. Mean over
+    seeds of the configuration minus the baseline's mean (the point estimate of the report's
+    pass@k table); bars: the configuration's IQR over seeds, relative to the same mean."""
     ks = sorted(
         int(c.split("@")[1].split("_")[0]) for c in final if c.startswith("eval/pass@") and
         c.endswith("_sampled")
@@ -152,9 +154,10 @@ def plot_passk_gain(final: pd.DataFrame, baseline: str, path: Path) -> list[Path
     for label, g in final.groupby("label", sort=False):
         for k in ks:
             col = f"eval/pass@{k}_sampled"
-            ref = float(base[col].median())
-            q25, med, q75 = np.percentile(g[col].to_numpy(dtype=float), [25, 50, 75])
-            rows.append({"label": label, "k": k, "gain": med - ref, "q25": q25 - ref,
+            ref = float(base[col].mean())
+            vals = g[col].to_numpy(dtype=float)
+            q25, q75 = np.percentile(vals, [25, 75])
+            rows.append({"label": label, "k": k, "gain": vals.mean() - ref, "q25": q25 - ref,
                          "q75": q75 - ref, "baseline": ref})  # fmt: skip
     data = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -162,8 +165,9 @@ def plot_passk_gain(final: pd.DataFrame, baseline: str, path: Path) -> list[Path
     for label, g in data.groupby("label", sort=False):
         style = _style(label, baseline, i)
         i += label != baseline
-        err = np.vstack([g["gain"] - g["q25"], g["q75"] - g["gain"]])
-        ax.errorbar(g["k"], g["gain"], yerr=err, marker="o", capsize=3, label=label, **style)
+        # The IQR as a bar of its own: a mean may lie outside its seeds' IQR.
+        ax.plot(g["k"], g["gain"], marker="o", label=label, **style)
+        ax.vlines(g["k"], g["q25"], g["q75"], color=style["color"], linewidth=1.2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.axhline(0, color="black", linewidth=0.8)

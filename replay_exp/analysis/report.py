@@ -1,14 +1,19 @@
 """``replay-exp-report <sweep_dir> [--x compute|steps|rollouts|flops|wall]``: a sweep's figures,
 the CSVs behind them and a markdown summary, written into ``<sweep_dir>/report/``.
 
-Always: accuracy vs the chosen x, vs steps and vs wall-clock (median + IQR over seeds), the
+Always: accuracy vs the chosen x, vs steps and vs wall-clock (seed mean, IQR band), the
 per-run table (runs.csv) and the per-configuration table (targets.csv). When the sweep has them:
 Pareto envelopes (several configurations; one envelope per learning-rate family when the
 learning rate is swept), heatmaps of best accuracy and compute-to-98%-of-best over N x (W, T),
 pass@k gain over the baseline vs k, histograms of the buffer telemetry, and the theory curves
 for the sweep's mu. The baseline is the on-policy configuration (the best one if several, e.g.
 over learning rates); savings are measured at the accuracy it reaches (``--frac`` of its best
-median), with the spread over seeds.
+seed-mean accuracy).
+
+One number per statistic: every point estimate is the statistic of the seed-mean curve
+(``replay_exp.analysis.curves``), and every interval is a percentile bootstrap centred on it
+(``replay_exp.analysis.stats``); a statistic the bootstrap table gives (the saving) is not
+repeated in the per-configuration table.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ def is_baseline(frame: pd.DataFrame) -> pd.Series:
 
 
 def baseline_label(runs: Runs, metric: str, x: str) -> str | None:
-    """The on-policy configuration, the best one (peak median ``metric``) if there are several."""
+    """The on-policy configuration, the best one (peak of the seed-mean ``metric``) if there are
+    several."""
     base = runs.runs[is_baseline(runs.runs)]
     if len(base) == 0:
         return None
@@ -61,7 +67,7 @@ def baseline_label(runs: Runs, metric: str, x: str) -> str | None:
     if len(labels) == 1:
         return labels[0]
     curves = aggregate(runs.steps[runs.steps["label"].isin(labels)], x, metric)
-    return str(curves.groupby("label")["median"].max().idxmax())
+    return str(curves.groupby("label")["mean"].max().idxmax())
 
 
 def families(runs: Runs) -> tuple[dict[str, str], str | None]:
@@ -94,7 +100,7 @@ def pick_label(runs: Runs, name: str) -> str:
 
 def best_over(runs: Runs, key: str, metric: str, x: str) -> Runs:
     """Only the best value of ``key`` (e.g. ``algo.lr``) of every configuration family (the
-    configuration without ``key``): the one with the highest peak median ``metric``, the same
+    configuration without ``key``): the one with the highest peak seed-mean ``metric``, the same
     rule that picks the baseline among several on-policy configurations."""
     if key not in runs.runs:
         keys = ", ".join(runs.config_keys)
@@ -102,7 +108,7 @@ def best_over(runs: Runs, key: str, metric: str, x: str) -> Runs:
     others = [k for k in runs.config_keys if k != key]
     table = runs.runs.drop_duplicates("label")
     family = {r["label"]: config_label(r.to_dict(), others) for _, r in table.iterrows()}
-    peaks = aggregate(runs.steps, x, metric).groupby("label")["median"].max()
+    peaks = aggregate(runs.steps, x, metric).groupby("label")["mean"].max()
     best: dict[str, str] = {}
     for label, fam in family.items():
         if fam not in best or peaks[label] > peaks[best[fam]]:
@@ -182,7 +188,7 @@ def make_report(
     best_target = None
     table, target = target_table(steps, x, metric, frac=frac, baseline=base)
     if base is not None:
-        base_peak = float(table.loc[table["label"] == base, "peak_median"].iloc[0])
+        base_peak = float(table.loc[table["label"] == base, "peak"].iloc[0])
         table, target = target_table(steps, x, metric, target=frac * base_peak, baseline=base)
     table.to_csv(out / "targets.csv", index=False)
     written.append(out / "targets.csv")
@@ -228,23 +234,26 @@ def make_report(
         written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
 
     summary = out / "summary.md"
-    text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats)
+    text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats,
+                     n_boot)  # fmt: skip
     if passk is not None:  # before the list of files
         head, sep, files = text.partition("\n## Files\n")
         text = head + "\n" + "\n".join(_passk_markdown(passk, x)) + "\n" + sep + files
     if best_over_key is not None:
         head, _, rest = text.partition("\n\n")
         text = (f"{head}\n\nEvery configuration at its best `{best_over_key}` (highest peak "
-                f"median) only: `--best-over {best_over_key}`.\n\n{rest}")  # fmt: skip
+                f"of the seed mean) only: `--best-over {best_over_key}`.\n\n{rest}")  # fmt: skip
     summary.write_text(text)
     return summary, [summary, *written]
 
 
 def _markdown(
-    runs, table, target, base, paths, x, metric, frac, written, best_target, stats=None
-) -> str:
+    runs, table, target, base, paths, x, metric, frac, written, best_target, stats=None,
+    n_boot=2000,
+) -> str:  # fmt: skip
     n = runs.runs["status"].value_counts().to_dict()
     seeds = runs.runs.groupby("config").size()
+    with_stats = stats is not None and len(stats) > 0
     lines = [f"# Report: {', '.join(Path(p).name for p in paths)}", ""]
     if seeds.min() < MIN_SEEDS:
         few = ", ".join(
@@ -253,73 +262,75 @@ def _markdown(
             if k < MIN_SEEDS
         )
         lines += [
-            f"**Warning: fewer than {MIN_SEEDS} seeds per configuration** ({few}): medians, "
-            "IQRs and bootstrap intervals over so few seeds are not reliable; run more seeds "
-            "before drawing a conclusion.",
+            f"**Warning: fewer than {MIN_SEEDS} seeds per configuration** ({few}): means and "
+            "bootstrap intervals over so few seeds are not reliable; run more seeds before "
+            "drawing a conclusion.",
             "",
         ]
+    how = "mean over seeds (each statistic of the seed-mean curve)"
+    if with_stats:
+        how += (
+            f"; 95 % intervals: percentile bootstrap over problems and seeds, B = {n_boot}, "
+            "centred on the same statistics"
+        )
     lines += [
         f"{len(runs)} runs ({', '.join(f'{v} {k}' for k, v in n.items())}), "
         f"{len(seeds)} configurations, {seeds.min()}-{seeds.max()} seeds each. "
-        f"Metric: `{metric}`; x-axis: {x_label(x)}. Per-seed values: median [IQR] over seeds."
-        + _wall_line(runs),
+        f"Metric: `{metric}`; x-axis: {x_label(x)}. Point estimates: {how}. Each statistic is "
+        "given once." + _wall_line(runs),
         "",
     ]
-    best = table.loc[table["peak_median"].idxmax()]
+    best = table.loc[table["peak"].idxmax()]
     lines += [
         "## Best configuration",
         "",
-        f"**{best['label']}**: its median curve peaks at {best['peak_median']:.3f}; per seed, "
-        f"peak {best['peak_seed_median']:.3f} [{best['peak_q25']:.3f}, {best['peak_q75']:.3f}] "
-        f"and final {best['final_median']:.3f} [{best['final_q25']:.3f}, "
-        f"{best['final_q75']:.3f}] (median [IQR]).",
+        f"**{best['label']}**: the highest peak of the seed-mean curve (table below).",
         "",
     ]
     if base is not None:
         b = table.loc[table["label"] == base].iloc[0]
         rest = table[table["label"] != base]
+        saving = (
+            "The saving, with its interval, is in the bootstrap table below."
+            if with_stats
+            else f"Saving = 1 - {x} / {x}_baseline."
+        )
         lines += [
-            f"## Compute to the baseline's accuracy ({frac:.0%} of its best median: {target:.3f})",
+            f"## Compute to the baseline's accuracy ({frac:.0%} of its peak: {target:.3f})",
             "",
-            f"Baseline: **{base}**, {_fmt_x(b['x_to_target'])} ({x}). "
-            "Saving = 1 - x / x_baseline, on the median curve; per-seed: median [IQR]; "
-            "drawdown = the largest drop below the run's own running peak.",
+            f"Baseline: **{base}**. Per configuration, on its seed-mean curve: peak, final, "
+            "drawdown (the mean over seeds of the largest drop below the seed's own running "
+            f"peak) and the {x} to reach the target; seeds reaching it: how many seeds' own "
+            f"curves do. {saving}",
             "",
         ]
         if len(rest) and not np.isfinite(rest["x_to_target"]).any():
-            lines += ["No other configuration's median curve gets there.", ""]
+            lines += ["No other configuration's seed-mean curve gets there.", ""]
         elif len(rest):
             winner = rest.loc[rest["x_to_target"].idxmin()]
-            lines += [
-                f"Cheapest to get there: **{winner['label']}** with "
-                f"{_fmt_x(winner['x_to_target'])}, saving {_pct(winner['saving_vs_baseline'])} "
-                "vs the baseline.",
-                "",
-            ]
+            never = "" if math.isfinite(b["x_to_target"]) else " (the baseline never does)"
+            lines += [f"Cheapest to get there: **{winner['label']}**{never}.", ""]
     else:
-        lines += [f"No on-policy baseline in this sweep; target = {frac:.0%} of the best.", ""]
+        lines += [f"No on-policy baseline in this sweep; target = {frac:.0%} of the best peak.", ""]
     header = (
-        "| configuration | seeds | peak of median curve | per-seed peak | per-seed final "
-        f"| per-seed drawdown | {x} to target (median curve) | per seed |"
+        f"| configuration | seeds | peak | final | drawdown | {x} to target | seeds reaching it |"
     )
-    header += " saving vs baseline |" if base is not None else ""
+    saving_col = base is not None and not with_stats
+    header += " saving vs baseline |" if saving_col else ""
     lines += [header, _rule(header)]
     for _, r in table.iterrows():
         row = (
-            f"| {r['label']} | {r['seeds']} | {r['peak_median']:.3f} | {r['peak_seed_median']:.3f} "
-            f"[{r['peak_q25']:.3f}, {r['peak_q75']:.3f}] | {r['final_median']:.3f} "
-            f"[{r['final_q25']:.3f}, {r['final_q75']:.3f}] | {r['drawdown_seed_median']:.3f} "
-            f"[{r['drawdown_q25']:.3f}, {r['drawdown_q75']:.3f}] | {_fmt_x(r['x_to_target'])} | "
-            f"{_fmt_x(r['x_to_target_seed_median'])} [{_fmt_x(r['x_to_target_seed_q25'])}, "
-            f"{_fmt_x(r['x_to_target_seed_q75'])}] |"
+            f"| {r['label']} | {r['seeds']} | {r['peak']:.3f} | {r['final']:.3f} | "
+            f"{r['drawdown']:.3f} | {_fmt_x(r['x_to_target'])} | "
+            f"{r['seeds_reaching_target']} of {r['seeds']} |"
         )
-        if base is not None:
+        if saving_col:
             row += f" {_pct(r.get('saving_vs_baseline', np.nan))} |"
         lines.append(row)
     if best_target is not None:
-        lines += ["", f"Heatmap target: {frac:.0%} of the best median over all: {best_target:.3f}."]
-    if stats is not None and len(stats):
-        lines += ["", *_stats_markdown(stats, x, frac)]
+        lines += ["", f"Heatmap target: {frac:.0%} of the best peak over all: {best_target:.3f}."]
+    if with_stats:
+        lines += ["", *_stats_markdown(stats, x, frac, n_boot)]
     lines += ["", "## Files", ""]
     lines += [f"- [{p.name}]({p.name})" for p in written]
     return "\n".join(lines) + "\n"
@@ -347,7 +358,7 @@ def _wall_line(runs: Runs) -> str:
             "(from the run directories' file times).")  # fmt: skip
 
 
-def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
+def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000) -> list[str]:
     """The "against the baseline" section: intervals and verdicts (replay_exp.analysis.stats)."""
     first = stats.iloc[0]
     resampled = bool(stats["problems_resampled"].all())
@@ -361,7 +372,8 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float) -> list[str]:
         f"## Against the baseline ({first['baseline']}): 95 % bootstrap intervals",
         "",
         f"Differences of the seed-mean curves at matched {x} (up to {first['x_matched']:.4g}, "
-        f"the last {x} every run reached), bootstrapped over {how}; seeds are paired where "
+        f"the last {x} every run reached), bootstrapped ({n_boot} replicates) over {how}; "
+        "seeds are paired where "
         f"both arms ran the same ones. final = at that {x}; peak = best evaluation of each "
         f"curve; saving = 1 - {x}_config / {x}_baseline to reach {frac:.0%} of the baseline's "
         "peak. Verdict: better / worse when the interval excludes 0, else not separable.",

@@ -2,7 +2,7 @@
 
 Every run writes the per-problem results of each evaluation (``eval_details.jsonl``; the same
 held-out problems for every run of a task). Against the baseline, at matched x (compute, steps
-or rollouts), this module estimates three differences and their 95 % intervals:
+or rollouts), this module estimates four differences and their 95 % intervals:
 
 - **final**: mean accuracy of the configuration minus the baseline's at the last x both reached;
 - **peak**: the peak of the configuration's seed-mean curve minus the baseline's (peaks are
@@ -11,20 +11,25 @@ or rollouts), this module estimates three differences and their 95 % intervals:
   to reach ``frac`` x the baseline's peak (``replay_exp.analysis.curves.compute_to_target``;
   a configuration that never gets there saves ``-inf``);
 - **stability**: the baseline's mean drawdown minus the configuration's, where a run's drawdown
-  is the largest drop of its curve below its own running peak (``max_k (max_{k' <= k} p[k'] -
-  p[k])``), averaged over seeds: positive = the configuration loses less of what it gained
-  ("slow but stable"). Evaluation noise alone gives a flat curve a drawdown of a few SE, on
-  both arms alike.
+  is the largest drop of its curve below its own running peak
+  (``replay_exp.analysis.curves.drawdown``), averaged over seeds: positive = the configuration
+  loses less of what it gained ("slow but stable"). Evaluation noise alone gives a flat curve
+  a drawdown of a few SE, on both arms alike.
 
 How (``compare``):
 
 1. Each run's per-problem correctness ``P[k, j]`` (eval k, problem j; pass@1: the greedy sample
    correct; ``pass@k_sampled``: the unbiased per-problem estimate; ``sample_reward``: c / n) is
-   interpolated linearly in x onto the baseline's evaluation points up to the last x every run
-   reached (on a shared compute grid, ``eval.unit=compute``, the points coincide and nothing is
-   interpolated in effect). A run that stopped within 0.1 % short of a point (a compute budget
-   ends on a whole step) has its last evaluation stand for that point.
-2. Seed-mean curves ``m[k] = mean_s mean_j P_s[k, j]``.
+   interpolated linearly in x (``replay_exp.analysis.curves.interpolate``) onto the baseline's
+   evaluation points from the first to the last x every run reached (on a shared compute
+   grid, ``eval.unit=compute``, the points coincide and nothing is interpolated in effect). A
+   run that stopped within 0.1 % short of a point (a compute budget ends on a whole step) has
+   its last evaluation stand for that point.
+2. Seed-mean curves ``m[k] = mean_s mean_j P_s[k, j]``. The **point estimate** of every
+   statistic is the statistic of these curves (all weights 1): the centre of the bootstrap
+   below, and the same statistic of the same seed-mean curve that
+   ``replay_exp.analysis.curves.target_table`` gives per configuration (on a shared evaluation
+   grid the two agree; tests/analysis/test_report.py checks it).
 3. Bootstrap (``n_boot`` replicates, seeded): problems are resampled with replacement, the same
    draw for both arms (paired on the same eval problems); seeds are resampled with replacement,
    the same draw for both arms when they ran the same seeds (paired per seed), independently
@@ -47,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replay_exp.analysis.curves import compute_to_target, x_column
+from replay_exp.analysis.curves import compute_to_target, drawdown, interpolate, x_column
 from replay_exp.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.logging import read_metrics
 
@@ -115,16 +120,6 @@ def run_matrix(
     return evals[col].to_numpy(float), evals[metric].to_numpy(float)[:, None], False
 
 
-def _interp_rows(xs: np.ndarray, vals: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Linear interpolation of every column of ``vals`` (rows at ``xs``) onto ``grid``
-    (inside [xs[0], xs[-1]])."""
-    idx = np.clip(np.searchsorted(xs, grid, side="right") - 1, 0, len(xs) - 1)
-    nxt = np.minimum(idx + 1, len(xs) - 1)
-    span = xs[nxt] - xs[idx]
-    t = np.where(span > 0, (grid - xs[idx]) / np.where(span > 0, span, 1), 0.0)
-    return vals[idx] * (1 - t)[:, None] + vals[nxt] * t[:, None]
-
-
 def build_arms(
     runs, labels: list[str], baseline: str, metric: str, x: str
 ) -> tuple[np.ndarray, dict[str, Arm]]:
@@ -142,11 +137,15 @@ def build_arms(
     ends = [xs[-1] for parts in raw.values() for _, xs, _, _ in parts]
     if not ends or not raw[baseline]:
         raise ValueError(f"no evaluations of {metric} to compare")
+    starts = [xs[0] for parts in raw.values() for _, xs, _, _ in parts]
     base_x = raw[baseline][0][1]
     # A run under a compute budget ends on a whole step, up to one step short of the budget
     # (999.5 of 1000 units at y = 4): within END_TOL it counts as there, its last evaluation
-    # standing for the budget (never further: no extrapolation beyond that sliver).
-    grid = base_x[base_x <= min(ends) + END_TOL * max(ends) + 1e-9]
+    # standing for the budget (never further: no extrapolation beyond that sliver). Nor
+    # before a run's first evaluation: the grid starts where every run has one.
+    grid = base_x[(base_x <= min(ends) + END_TOL * max(ends) + 1e-9) & (base_x >= max(starts))]
+    if len(grid) == 0:
+        raise ValueError(f"no {x} of the baseline's evaluations lies in every run's range")
     widths = {vals.shape[1] for parts in raw.values() for _, _, vals, _ in parts}
     per_problem = all(pp for parts in raw.values() for *_, pp in parts) and len(widths) == 1
     arms = {}
@@ -155,16 +154,10 @@ def build_arms(
         for _, xs, vals, _ in parts:
             if not per_problem:  # one column: the run's mean
                 vals = vals.mean(axis=1, keepdims=True)
-            mats.append(_interp_rows(xs, vals, grid))
+            # Clipped to the run's last x: only the END_TOL sliver is beyond it.
+            mats.append(interpolate(xs, vals, np.minimum(grid, xs[-1])))
         arms[label] = Arm(label, [p[0] for p in parts], np.stack(mats), per_problem)
     return grid, arms
-
-
-def mean_drawdown(per_seed: np.ndarray, seed_w: np.ndarray) -> np.ndarray:
-    """Seed-weighted mean of each seed's largest drop below its running peak: curves
-    [S, K, R] (seed, grid point, replicate), seed weights [S, R] -> [R]."""
-    dd = (np.maximum.accumulate(per_seed, axis=1) - per_seed).max(axis=1)
-    return (dd * seed_w).sum(0) / seed_w.sum(0)
 
 
 def _statistics(
@@ -240,7 +233,9 @@ def compare(
         S = vals.shape[0]
         per_seed = (vals.reshape(S * K, J) @ prob_w).reshape(S, K, -1) / prob_w.sum(0)
         mean = np.einsum("skr,sr->kr", per_seed, seed_w) / seed_w.sum(0)
-        return mean, mean_drawdown(per_seed, seed_w)
+        # The seed-weighted mean of each seed's drawdown (curves.drawdown along the grid).
+        dd = (drawdown(per_seed, axis=1) * seed_w).sum(0) / seed_w.sum(0)
+        return mean, dd
 
     def statistics(seed_a, seed_b, prob_w) -> dict[str, np.ndarray]:
         (m_arm, dd_arm), (m_base, dd_base) = (

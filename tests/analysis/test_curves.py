@@ -32,6 +32,12 @@ def test_interpolate_is_linear_inside_and_nan_outside():
     # Through (0, 0), (2, 1), (4, 1): 1 -> 0.5, 3 -> 1; 5 is past the end.
     out = interpolate([0, 2, 4], [0, 1, 1], [1, 3, 5, -1])
     assert out[:2].tolist() == [0.5, 1.0] and np.isnan(out[2:]).all()
+    # Columns (the bootstrap's per-problem matrices) share the weights: at 1, halfway between
+    # rows (0, 10) and (1, 20) -> (0.5, 15); at 4, the last row (1, 40).
+    cols = interpolate([0, 2, 4], [[0, 10], [1, 20], [1, 40]], [1, 4])
+    assert cols.tolist() == [[0.5, 15.0], [1.0, 40.0]]
+    # A NaN point is dropped: through (0, 0) and (4, 1) only, 2 -> 0.5.
+    assert interpolate([0, 2, 4], [0, np.nan, 1], [2]).tolist() == [0.5]
 
 
 def test_median_and_iqr_over_seeds_on_a_common_grid():
@@ -49,6 +55,9 @@ def test_median_and_iqr_over_seeds_on_a_common_grid():
     # x = 5: midpoints 0.2, 0.35, 0.65 -> 0.275, 0.35, 0.5.
     # x = 10: 0.3, 0.5, 0.9 -> 0.4, 0.5, 0.7.
     assert curves["x"].tolist() == [0, 5, 10]
+    # The seed mean (the point estimate): (0.1 + 0.2 + 0.4) / 3 = 0.7 / 3; at 5 the mean of
+    # the midpoints 1.2 / 3 = 0.4; at 10 (0.3 + 0.5 + 0.9) / 3 = 1.7 / 3.
+    assert curves["mean"].tolist() == pytest.approx([0.7 / 3, 0.4, 1.7 / 3])
     assert curves["median"].tolist() == pytest.approx([0.2, 0.35, 0.5])
     assert curves["q25"].tolist() == pytest.approx([0.15, 0.275, 0.4])
     assert curves["q75"].tolist() == pytest.approx([0.3, 0.5, 0.7])
@@ -87,7 +96,7 @@ def test_pareto_envelope_is_the_running_best_over_configurations():
         {
             "label": ["A"] * 3 + ["B"] * 3,
             "x": [0, 1, 2] * 2,
-            "median": [0.1, 0.5, 0.4, 0.2, 0.3, 0.6],
+            "mean": [0.1, 0.5, 0.4, 0.2, 0.3, 0.6],
         }
     )
     env = pareto_envelope(curves)
@@ -101,7 +110,7 @@ def test_pareto_envelope_keeps_a_finished_curve_best_so_far():
     # B stops at x = 1 (NaN at 2): its 0.9 still counts at x = 2.
     curves = pd.DataFrame(
         {"label": ["A", "A", "A", "B", "B"], "x": [0, 1, 2, 0, 1],
-         "median": [0.1, 0.2, 0.3, 0.5, 0.9]}
+         "mean": [0.1, 0.2, 0.3, 0.5, 0.9]}
     )  # fmt: skip
     env = pareto_envelope(curves)
     assert env["best"].tolist() == [0.5, 0.9, 0.9] and env["label"].tolist() == ["B"] * 3
@@ -126,27 +135,39 @@ def test_target_table_savings_vs_the_baseline():
     table, target = target_table(steps, target=0.5, baseline="base")
     assert target == 0.5
     t = table.set_index("label")
-    # base: 0.5 first at x = 20. buf median curve: 0.2, 0.4, 0.6 at 0, 5, 10 -> 0.5 at 7.5.
+    # base: 0.5 first at x = 20. buf seed-mean curve: 0.2, 0.4, 0.6 at 0, 5, 10 (linear in
+    # between, whatever grid points lie there) -> 0.5 at 7.5.
     assert t.loc["base", "x_to_target"] == pytest.approx(20)
     assert t.loc["buf", "x_to_target"] == pytest.approx(7.5)
     assert t.loc["buf", "saving_vs_baseline"] == pytest.approx(1 - 7.5 / 20)
-    # Per seed: buf seed 0 at 5, seed 1 at 5 + (0.2 / 0.3) * 5 = 8.33 -> median (5 + 8.33) / 2.
-    assert t.loc["buf", "x_to_target_seed_median"] == pytest.approx((5 + 5 + 10 / 3) / 2)
-    assert t.loc["buf", "peak_median"] == pytest.approx(0.6)
-    # Default target: 98% of the best peak median (0.6); the baseline never gets there.
+    # Peak and final of the seed-mean curve: buf 0.6 and 0.6; base 0.5 and 0.5.
+    assert t.loc["buf", ["peak", "final"]].tolist() == pytest.approx([0.6, 0.6])
+    assert t.loc["base", ["peak", "final"]].tolist() == pytest.approx([0.5, 0.5])
+    # Own curves: buf seed 0 reaches 0.5 at 5, seed 1 at 5 + (0.2 / 0.3) * 5; both base seeds
+    # at 20.
+    assert t.loc["buf", "seeds_reaching_target"] == 2 == t.loc["base", "seeds_reaching_target"]
+    # Default target: 98% of the best peak of the seed-mean curves (buf's 0.6) = 0.588; the
+    # baseline never gets there.
     table, target = target_table(steps, baseline="base")
     assert target == pytest.approx(0.98 * 0.6)
     t = table.set_index("label")
     assert t.loc["base", "x_to_target"] == math.inf
-    assert t.loc["base", "x_to_target_seed_median"] == math.inf  # not NaN
+    assert t.loc["base", "seeds_reaching_target"] == 0
     assert np.isnan(t.loc["buf", "saving_vs_baseline"])  # no saving against "never"
+    # buf: 0.4 at 5, 0.6 at 10 -> 5 + 5 * 0.188 / 0.2 = 9.7.
+    assert t.loc["buf", "x_to_target"] == pytest.approx(9.7)
 
 
 def test_drawdown_per_seed_in_the_target_table():
     from replay_exp.analysis.curves import drawdown
 
+    # 0.5 then 0.3: a drop of 0.2 (the later 0.4 does not matter); a rising curve: 0.
     assert drawdown([0.1, 0.5, 0.3, 0.4]) == pytest.approx(0.2)
     assert drawdown([0.1, 0.2, 0.3]) == 0.0
+    # Many curves at once, along an axis: [2, 3] along axis 1 -> one drawdown per row.
+    assert drawdown(np.array([[0.1, 0.5, 0.3], [0.3, 0.2, 0.1]]), axis=1) == pytest.approx(
+        [0.2, 0.2]
+    )
     steps = _steps(
         {
             ("buf", 0): ([0, 5, 10], [0.2, 0.6, 0.45]),  # drawdown 0.15
@@ -155,6 +176,6 @@ def test_drawdown_per_seed_in_the_target_table():
         }
     )
     t = target_table(steps)[0].set_index("label")
-    assert t.loc["buf", "drawdown_seed_median"] == pytest.approx(0.05)
-    assert t.loc["buf", "drawdown_q25"] == pytest.approx(0.025)
-    assert t.loc["buf", "drawdown_q75"] == pytest.approx(0.10)
+    # The mean over seeds: (0.15 + 0.05 + 0) / 3 = 0.2 / 3, the statistic the bootstrap's
+    # stability is made of (replay_exp.analysis.stats).
+    assert t.loc["buf", "drawdown"] == pytest.approx(0.2 / 3)

@@ -27,7 +27,7 @@ CASES = {
 }
 COMPUTE_LABELS = {"on-policy", "FIFO, y=2"}
 HEATMAP_LABELS = {"N=32, (6,2)", "N=32, (4,4)", "N=64, (6,2)", "N=64, (4,4)"}
-CURVE_COLUMNS = ["config", "label", "x", "median", "q25", "q75"]
+CURVE_COLUMNS = ["config", "label", "x", "mean", "median", "q25", "q75"]
 
 
 def _png(path: Path) -> None:
@@ -94,7 +94,7 @@ def _check_compute_vs_accuracy(out: Path, text: str) -> None:
     _png(out / "pareto_compute.png")
     pareto = _csv(out / "pareto_compute.csv", ["family", "x", "best", "label"])
     assert set(pareto["family"]) == {"on-policy", "replay"}
-    targets = _csv(out / "targets.csv", ["label", "peak_median", "x_to_target"])
+    targets = _csv(out / "targets.csv", ["label", "peak", "x_to_target"])
     assert targets["label"].tolist() == ["on-policy", "FIFO, y=2"]  # baseline first
     assert "saving_vs_baseline" in targets
     assert "baseline: on-policy" in text
@@ -109,7 +109,7 @@ def _check_compute_vs_accuracy(out: Path, text: str) -> None:
 def _check_buffer_heatmap(out: Path, text: str) -> None:
     report = out / "report"
     _png(report / "heatmap.png")
-    heat = _csv(report / "heatmap.csv", ["buffer.capacity", "(W,T)", "label", "peak_median"])
+    heat = _csv(report / "heatmap.csv", ["buffer.capacity", "(W,T)", "label", "peak"])
     assert sorted(zip(heat["buffer.capacity"], heat["(W,T)"], strict=True)) == [
         (32, "(4,4)"), (32, "(6,2)"), (64, "(4,4)"), (64, "(6,2)"),
     ]  # fmt: skip

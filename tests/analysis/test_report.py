@@ -33,7 +33,7 @@ def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
     for axis in ("compute", "steps", "wall"):
         _png(out / f"curves_{axis}.png")
         curves = pd.read_csv(out / f"curves_{axis}.csv")
-        assert list(curves.columns) == ["config", "label", "x", "median", "q25", "q75",
+        assert list(curves.columns) == ["config", "label", "x", "mean", "median", "q25", "q75",
                                         "n_seeds", "n_runs"]  # fmt: skip
         assert set(curves["label"]) == labels and (curves["n_runs"] == 2).all()
         assert (curves["q25"] <= curves["median"]).all() and (

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from replay_exp.analysis.stats import Arm, compare, percentile_interval, verdict
-from replay_exp.evaluate import decode_details, encode_details
+from replay_exp.estimators import decode_details, encode_details, pass_at_k, pass_at_k_per_problem
 
 J = 400  # held-out problems
 GRID = np.array([0.0, 5.0, 10.0])
@@ -77,13 +77,34 @@ def test_a_collapse_is_less_stable_and_noise_alone_is_not_separable():
     assert out["stability_hi"] == 0 and out["stability_verdict"] == "not separable"
 
 
-def test_mean_drawdown_by_hand():
-    from replay_exp.analysis.stats import mean_drawdown
+def test_the_bootstrap_drawdown_is_curves_drawdown_along_the_grid():
+    """compare() takes each seed's drawdown with replay_exp.analysis.curves.drawdown along the
+    grid axis of [S, K, R] curves, then the seed-weighted mean."""
+    from replay_exp.analysis.curves import drawdown
 
     per_seed = np.array([[0.1, 0.5, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]])[:, :, None]  # [S, K, 1]
     # seed 0: peak 0.5 then 0.3 -> 0.2; seed 1: peak 0.4 then 0.1 -> 0.3
-    assert mean_drawdown(per_seed, np.ones((2, 1)))[0] == pytest.approx(0.25)
-    assert mean_drawdown(per_seed, np.array([[3.0], [1.0]]))[0] == pytest.approx(0.225)
+    dd = drawdown(per_seed, axis=1)
+    assert dd.shape == (2, 1) and dd[:, 0] == pytest.approx([0.2, 0.3])
+    # mean 0.25; seed weights 3 : 1 -> (3 * 0.2 + 0.3) / 4 = 0.225
+    w = np.array([[3.0], [1.0]])
+    assert ((dd * w).sum(0) / w.sum(0))[0] == pytest.approx(0.225)
+    # the same numbers through compare(): arm seeds with those curves, a flat baseline
+    vals = np.repeat(per_seed, 1, axis=2)  # [S, K, J = 1]
+    arm = Arm("arm", [0, 1], vals, per_problem=False)
+    base = Arm("base", [0, 1], np.full_like(vals, 0.1), per_problem=False)
+    out = compare(np.arange(4.0), arm, base, n_boot=50)
+    assert out["stability"] == pytest.approx(0.0 - 0.25)
+
+
+def test_unbiased_pass_at_k_by_hand():
+    # n = 4 samples, c = 1 correct: pass@1 = 1 / 4; pass@2 = 1 - C(3, 2) / C(4, 2) = 1 - 3 / 6.
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    # c = 0 -> 0; n - c < k (4 - 3 < 2) -> 1; per problem: the same, element-wise
+    assert pass_at_k_per_problem(4, [0, 1, 3], 2).tolist() == pytest.approx([0.0, 0.5, 1.0])
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
 
 
 def test_a_clear_loss_is_worse_and_never_reaching_the_target_saves_minus_inf():
@@ -211,6 +232,17 @@ def test_report_prints_intervals_and_verdicts(two_arm_sweep, tmp_path):
     line = [ln for ln in text.splitlines() if ln.startswith("| FIFO")][-1]  # the stats table
     assert "| +0.100 [" in line and "| better |" in line
     assert "+0.100 +0.100 +0.100" in line  # per-seed final differences
+    # One number per statistic: the per-configuration table (targets.csv) holds the same
+    # seed-mean statistics the bootstrap is centred on, and the saving is printed once.
+    t = pd.read_csv(out / "targets.csv").set_index("label")
+    assert t.loc["FIFO", "x_to_target"] == pytest.approx(r["x_to_target"], rel=1e-12)
+    assert t.loc["on-policy", "x_to_target"] == pytest.approx(r["baseline_x_to_target"], rel=1e-12)
+    assert t.loc["FIFO", "saving_vs_baseline"] == pytest.approx(r["saving"], rel=1e-12)
+    # peaks: FIFO 0.60 + s / 200 over seeds 0-2 -> 0.605; baseline 0.505: the peak difference
+    assert t.loc["FIFO", "peak"] - t.loc["on-policy", "peak"] == pytest.approx(r["peak"])
+    assert t.loc["FIFO", "final"] == pytest.approx(0.605) and t.loc["FIFO", "drawdown"] == 0
+    assert text.count("+60%") == 1 and "saving vs baseline" not in text
+    assert "Point estimates: mean over seeds" in text and "B = 1000" in text
 
 
 def test_best_over_keeps_each_arms_best_learning_rate(tmp_path):
@@ -248,7 +280,6 @@ def test_report_passk_gain_with_intervals(tmp_path):
     baseline 2/8 correct on half the problems, replay 1/8 on all. pass@8: 0.5 vs 1.0, so the
     gain grows from 0 at k = 1 to +0.5 at k = 8."""
     from replay_exp.analysis.report import make_report
-    from replay_exp.evaluate import pass_at_k
 
     root = tmp_path / "sweep"
     J = 200
