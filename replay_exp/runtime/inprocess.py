@@ -74,8 +74,9 @@ class InProcess:
         )
         self.resumed = None
         if snapshot is not None:
-            evals = self.snapshots.restore(snapshot)
-            self.resumed = (snapshot.step, evals["first_eval"], evals["last_eval"])
+            state = self.snapshots.restore(snapshot)
+            self.resumed = (snapshot.step, state["first_eval"], state["last_eval"])
+            self.syncs = state["runtime"]["pushes"]
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         """Sync the generator if due, then generate the step's groups (scored, advantages
@@ -133,7 +134,7 @@ class InProcess:
         return self.p.evaluator, self.p.plain
 
     def save(self, step: int, **evals: Any) -> None:
-        self.snapshots.save(step, **evals)
+        self.snapshots.save(step, **evals, runtime={"pushes": self.syncs})
 
     def finish(self, final_step: int, store) -> dict[str, Any]:
         n = self.p.ledger.rollouts

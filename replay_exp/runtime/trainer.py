@@ -126,7 +126,7 @@ def run_trainer(
 ):
     """Trainer rank ``rank`` (0..T-1): the one loop with this rank's inbox and collectives.
     Rank 0 returns the run's summary. ``loaded``: (policy, tokenizer, source), if loaded."""
-    from replay_exp.train import build_parts, train  # the loop (imports this package)
+    from replay_exp.loop import build_parts, train
 
     snap = read_snapshot(snapshot_path) if snapshot_path else None
     lead, r = rank == 0, cfg.runtime
