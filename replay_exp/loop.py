@@ -1,0 +1,352 @@
+"""The loop, once: GRPO with verifiable rewards through a replay buffer, for the one process
+(``runtime=inprocess``) and for each trainer rank of ``runtime=distributed``.
+
+``train`` reads top to bottom like the algorithm:
+
+    for step until budget:
+        fresh = runtime.take(step)         # R rollouts (R/G prompts x G samples) generated here,
+                                           # the emulated cluster's arrivals (schedule=async), or
+                                           # what the generator ranks delivered (distributed);
+                                           # scored, advantages frozen at generation
+        buffer.add(fresh, step)            # the eviction policy decides what leaves
+        batch = buffer.sample(B, step)     # the sampling policy; per-use telemetry recorded
+        one policy update on batch         # GRPO or AsymRE; DDP / FSDP share the gradient
+        runtime.after_update(version)      # weights to the generators (every k steps)
+        ledger + log; on the eval grid evaluate on the held-out split
+        every c steps snapshot every component (relaunching resumes from the latest)
+    drain what is in flight, account for every rollout, write the summary
+
+The two runtimes (``replay_exp.runtime.base.Runtime``) differ only in where arrivals come from
+and in a collective; ``build_parts`` makes what a trainer holds for both. Step s of the log is
+the state after s updates (the policy version); row 0 is the initial policy's evaluation.
+Snapshot step_s (run_dir/checkpoints) is also the state after s updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from replay_exp.buffer import as_spec, make_buffer
+from replay_exp.buffer.replay import collect_stats, collect_telemetry
+from replay_exp.checkpoint import atomic_write_text
+from replay_exp.compute import Ledger, flop_params, sequence_lengths
+from replay_exp.config import EVAL_UNITS, Derived
+from replay_exp.errors import RunStopped
+from replay_exp.evaluate import encode_details, evaluate
+from replay_exp.logging import (
+    MetricsWriter,
+    format_eval,
+    make_logger,
+    prefixed,
+    update_metrics,
+    write_telemetry,
+)
+from replay_exp.models import load_policy
+from replay_exp.rollout import HFGenerator
+from replay_exp.rollout.collect import prompt_lengths
+from replay_exp.runtime.accounting import account
+from replay_exp.runtime.base import Arrival, Runtime
+from replay_exp.schedule import Every, OnGrid, derive_seed
+from replay_exp.tasks import make_task
+from replay_exp.update import policy_update
+
+log = logging.getLogger("replay_exp")
+
+
+@dataclasses.dataclass
+class Parts:
+    """What a trainer holds, built once by :func:`build_parts` for one process or for each
+    trainer rank of ``runtime=distributed``. ``logger``, ``details_log`` and ``evaluator``
+    exist on the lead (the one process, or trainer rank 0) only."""
+
+    task: Any
+    tokenizer: Any
+    chat: bool
+    source: str  # where the policy's weights came from (load_policy)
+    plain: torch.nn.Module  # the policy, unwrapped (what is evaluated, saved, pushed)
+    model: torch.nn.Module  # what the update trains: ``plain``, or its DDP / FSDP wrapper
+    ref_model: torch.nn.Module | None  # frozen initial policy, for algo.kl_coef > 0
+    optimizer: torch.optim.Optimizer
+    buffer: Any  # the replay buffer, or this trainer rank's shard of it
+    ledger: Ledger  # this process's compute; the node's is Runtime.node_ledger()
+    eval_problems: list
+    lead: bool = True
+    logger: Any = None
+    details_log: MetricsWriter | None = None
+    evaluator: Any = None  # the generation backend evaluations sample from
+
+
+def build_parts(
+    cfg: DictConfig,
+    d: Derived,
+    run_dir: Path,
+    *,
+    rank: int | None = None,
+    loaded: tuple | None = None,
+    policy_state: dict | None = None,
+    wrap: Any = None,
+) -> Parts:
+    """The trainer's parts: the policy (``loaded``: an already loaded (policy, tokenizer,
+    source); ``policy_state``: weights to start from), the frozen reference, the optimizer,
+    the buffer (a rank's shard of N/T), the ledger, the logger, the evaluator.
+
+    ``rank``: the trainer rank of ``runtime=distributed`` (None: the one process), which seeds
+    its own torch and buffer streams; ``wrap(policy) -> (model, eval_model)`` makes the
+    data-parallel module and the copy that rank 0 evaluates (None: the policy itself)."""
+    a, g = cfg.algo, cfg.generation
+    lead = not rank
+    tags = () if rank is None else (rank,)
+    task = make_task(cfg.task)
+    policy, tokenizer, source = loaded or load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
+    if lead:
+        log.info("policy: %s (%s)", cfg.model.name, source)
+    chat = bool(cfg.model.chat_template)
+    dropped = task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
+    if dropped and lead:
+        log.warning("dropped %d problems longer than %d prompt tokens", dropped, d.max_prompt_len)
+    ref_model = None
+    if a.kl_coef > 0:  # every trainer rank holds its own frozen copy
+        ref_model = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)[0].eval()
+    if policy_state is not None:
+        policy.load_state_dict(policy_state)
+    torch.manual_seed(derive_seed(cfg.seed, "torch", *tags))
+    model, eval_model = wrap(policy) if wrap else (policy, policy)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
+    )
+    spec = cfg.buffer if rank is None else as_spec(cfg.buffer, shards=1)
+    buffer = make_buffer(
+        spec, capacity=d.capacity_per_trainer, max_prompt_len=d.max_prompt_len,
+        max_completion_len=d.max_new_tokens, seed=derive_seed(cfg.seed, "buffer", *tags),
+    )  # fmt: skip
+    ledger = Ledger(
+        mu=cfg.compute.mu,
+        batch_size=cfg.schedule.batch_size,
+        units_per_step=d.paper_units_per_step if cfg.schedule.name == "async" else None,
+        n_params=flop_params(policy),
+        n_layers=policy.config.num_hidden_layers,
+        hidden=policy.config.hidden_size,
+    )
+    parts = Parts(
+        task=task, tokenizer=tokenizer, chat=chat, source=source, plain=policy, model=model,
+        ref_model=ref_model, optimizer=optimizer, buffer=buffer, ledger=ledger,
+        eval_problems=task.eval_problems()[: cfg.eval.n_problems], lead=lead,
+    )  # fmt: skip
+    if lead:
+        # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
+        parts.logger = make_logger(
+            cfg, run_dir, {**OmegaConf.to_container(cfg), "derived": dataclasses.asdict(d)}
+        )
+        parts.details_log = MetricsWriter(run_dir / "eval_details.jsonl")
+        parts.evaluator = HFGenerator(
+            eval_model, tokenizer.pad_token_id, tokenizer.eos_token_id,
+            chunk_size=g.chunk_size, sampler=g.sampler,
+        )  # fmt: skip
+    return parts
+
+
+def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> dict | None:
+    """The loop (module docstring), for the one process or one trainer rank; ``rt`` says
+    where the arrivals come from and what is shared between ranks. The lead returns the
+    run's summary (None elsewhere)."""
+    a, g = cfg.algo, cfg.generation
+    log_due, eval_due = Every(cfg.logger.log_every), OnGrid(cfg.eval.every)
+    snapshot_due = Every(cfg.checkpoint.every) if cfg.checkpoint.every else (lambda step: False)
+
+    def eval_x(led: Ledger) -> float:  # eval.unit: steps, paper units or rollouts
+        return getattr(led, EVAL_UNITS[cfg.eval.unit])
+
+    led = rt.node_ledger()
+    if rt.resumed is not None:  # every component restored by the runtime; the eval dicts too
+        start, first_eval, last_eval = rt.resumed
+    else:
+        start, first_eval = 0, None
+        if cfg.eval.at_start and p.lead:
+            first_eval = run_eval(cfg, d, p, rt, 0, led)
+            p.logger.log({"step": 0, **first_eval, **prefixed("compute", led.metrics())})
+            log.info("step 0 | %s", format_eval(first_eval))
+        last_eval = dict(first_eval or {})
+        if snapshot_due(0):
+            rt.save(0, first_eval=first_eval, last_eval=last_eval)
+
+    bar = tqdm(
+        total=d.total_steps, initial=start, dynamic_ncols=True,
+        disable=not (cfg.logger.progress and p.lead),
+    )  # fmt: skip
+    stopped_at = None
+    with logging_redirect_tqdm():
+        for step in range(start, d.total_steps):
+            x_before = eval_x(led)
+            # Fresh rollouts (scored, advantages frozen): generated here (R/G prompts x G
+            # samples under the sync schedule, the emulated arrivals under async), or what the
+            # generator ranks delivered; the async ones may bring nothing at some steps.
+            arrivals = rt.take(step, wait=len(p.buffer) == 0)
+            store(p, arrivals, step)
+            if rt.stop_now(step):  # a generator rank died: every trainer snapshots and stops
+                stopped_at = step
+                break
+            # Sample a batch and update. With max_reuse under the async emulation the buffer
+            # can run dry; the trainers then idle for this step (no update, compute charged).
+            batch, stats, t0 = None, {}, time.perf_counter()
+            if len(p.buffer):
+                batch = p.buffer.sample(d.batch_per_trainer, step)
+                check_versions(batch, step)
+                stats = policy_update(
+                    p.model, p.optimizer, batch, a, g.temperature, d.max_new_tokens, p.ref_model,
+                    version=step if cfg.logger.diagnostics else None,
+                )  # fmt: skip
+            seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
+            p.ledger.add_training(sequence_lengths(batch), stats.get("tokens", 0), seconds)
+
+            # After the step: weights to the generators, log, evaluate on the grid, snapshot.
+            version = step + 1
+            led = rt.node_ledger()
+            last = version == d.total_steps
+            is_eval = eval_due(x_before, eval_x(led)) or last
+            rt.after_update(version, need_weights=is_eval or snapshot_due(version))
+            is_log = log_due(version) or last
+            record = rt.gather_step(step_record(arrivals, batch)) if is_log or is_eval else None
+            row: dict[str, Any] = {}
+            if p.lead and is_log:
+                row = {"step": version, "policy/version": version}
+                row.update(step_metrics(record, stats))
+                row.update(rt.metrics(led))
+            if p.lead and is_eval:
+                last_eval = run_eval(cfg, d, p, rt, version, led)
+                write_telemetry(run_dir, version, collect_telemetry(record["buffers"]), p.logger)
+                row.update({"step": version, **last_eval})
+                log.info("step %d | %s", version, format_eval(last_eval))
+            if row:
+                row.update(prefixed("compute", led.metrics()))
+                p.logger.log(row)
+            if snapshot_due(version):
+                rt.save(version, first_eval=first_eval, last_eval=last_eval)
+            bar.set_postfix(
+                reward=f"{row.get('train/reward', float('nan')):.2f}",
+                pass1=f"{last_eval.get('eval/pass@1', float('nan')):.3f}",
+                refresh=False,
+            )
+            bar.update(1)
+    bar.close()
+    return finish(cfg, d, run_dir, p, rt, stopped_at, first_eval, last_eval, led)
+
+
+def store(p: Parts, arrivals: list[Arrival], step: int) -> None:
+    """Charge each arrival's generation to the ledger and add it to the buffer."""
+    for fresh in arrivals:
+        b, tokens = fresh.batch, int(fresh.batch.completion_mask_BxC.sum())
+        p.ledger.add_generation(sequence_lengths(b), tokens, fresh.seconds)
+        p.buffer.add(b, step)
+
+
+def check_versions(batch, step: int) -> None:
+    """No rollout of a batch may come from weights newer than the trainer's (version step)."""
+    newest = int(batch.version_B.max())
+    if newest > step:
+        raise RuntimeError(f"step {step}: a rollout of version {newest} is newer than the trainer")
+
+
+def run_eval(cfg, d: Derived, p: Parts, rt: Runtime, step: int, led: Ledger) -> dict[str, float]:
+    """Evaluate the current policy (version ``step``) on the held-out split (the lead)."""
+    t0 = time.perf_counter()
+    generator, model = rt.evaluator(step)
+    out, details = evaluate(
+        generator, model, p.tokenizer, p.task, p.eval_problems, cfg.eval, d.max_new_tokens,
+        derive_seed(cfg.seed, "eval", step), chat=p.chat,
+        micro_batch_size=cfg.algo.micro_batch_size,
+    )  # fmt: skip
+    p.ledger.add_eval(time.perf_counter() - t0)
+    x = {"compute/paper_units": led.paper_units, "compute/rollouts": led.rollouts}
+    p.details_log.write({"step": step, **x, **encode_details(details)})
+    return {f"eval/{k}": v for k, v in out.items()}
+
+
+def step_record(arrivals: list[Arrival], batch) -> dict[str, Any]:
+    """This process's part of a step's training row (gathered over trainer ranks)."""
+    fresh = [f.batch for f in arrivals]
+    return {
+        "reward": torch.cat([b.reward_B for b in fresh]) if fresh else None,
+        "response_len": torch.cat([b.completion_mask_BxC.sum(1) for b in fresh]) if fresh else None,
+        "batch_reward": None if batch is None else batch.reward_B,
+        "batch_version_max": -1 if batch is None else int(batch.version_B.max()),
+        "generation": next((f.stats for f in arrivals if f.stats), {}),
+    }
+
+
+def step_metrics(record: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """The training row of one step from the gathered records (rank 0's update stats)."""
+    nan = float("nan")
+
+    def mean(key: str) -> float:
+        parts = [r[key] for r in record["ranks"] if r[key] is not None]
+        return float(torch.cat(parts).float().mean()) if parts else nan
+
+    ranks = record["ranks"]
+    fresh = sum(0 if r["reward"] is None else len(r["reward"]) for r in ranks)
+    return {
+        "train/reward": mean("reward"),
+        "train/fresh_rollouts": fresh,
+        "train/response_len": mean("response_len"),
+        "train/batch_reward": mean("batch_reward"),
+        # the newest policy version in any trainer's batch (<= step - 1 = this step)
+        "train/batch_version_max": max(r["batch_version_max"] for r in ranks),
+        **update_metrics(stats),
+        **prefixed("buffer", collect_stats(record["buffers"])),
+        **prefixed("generation", ranks[0]["generation"]),
+    }
+
+
+def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_eval, led):
+    """After the last step (or a stop): drain what is still in flight, account for every
+    rollout, write the summary; the final model if ``save_final_model``."""
+    measured = rt.metrics(led)  # reuse and rates over the training steps
+    final_step = d.total_steps if stopped_at is None else stopped_at
+    if stopped_at is not None:
+        rt.save(stopped_at, first_eval=first_eval, last_eval=last_eval)
+    ended = rt.finish(final_step, partial(store, p))  # gathered on the lead; a collective
+    led = rt.node_ledger()
+    final_model = rt.final_model() if cfg.save_final_model and stopped_at is None else None
+    if not p.lead:
+        return None
+    if stopped_at is not None:
+        p.logger.close({"status": "stopped", "step": stopped_at})
+        raise RunStopped(ended["stopped"])
+    telemetry = collect_telemetry(ended["buffers"])
+    write_telemetry(run_dir, final_step, telemetry, None)
+    summary = {
+        "status": "finished",
+        "steps": d.total_steps,
+        "initial": first_eval,
+        "final": last_eval,
+        "compute": led.metrics(),
+        "runtime": {
+            **account(ended),
+            **{
+                k.removeprefix("runtime/"): v
+                for k, v in measured.items()
+                if k.startswith("runtime/")
+            },
+            "off_policiness_hist": telemetry["off_policiness"],
+        },
+    }
+    p.logger.close(summary)
+    p.details_log.close()
+    rt.close()
+    if final_model is not None:
+        final_model.save_pretrained(run_dir / "final_model")
+        p.tokenizer.save_pretrained(run_dir / "final_model")
+    # Last and atomic: "finished" means everything above is on disk (relaunches skip the run).
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    log.info("done: %s", format_eval(last_eval))
+    return summary
