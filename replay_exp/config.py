@@ -623,6 +623,8 @@ def probe_inputs(cfg: DictConfig) -> tuple[int, int]:
         )
     task = make_task(cfg.task)
     max_prompt_len = task.max_prompt_tokens
+    if pretrained is not None and not TASKS[cfg.task.name].needs_pretrained:
+        max_prompt_len = char_task_prompt_tokens(task, pretrained, bool(m.chat_template))
     max_new = g.max_new_tokens if g.max_new_tokens is not None else task.max_new_tokens
     _positive("generation.max_new_tokens", max_new)
     if pretrained is None:
@@ -636,6 +638,36 @@ def probe_inputs(cfg: DictConfig) -> tuple[int, int]:
             f"generation.max_new_tokens={max_new} tokens"
         )
     return max_prompt_len, max_new
+
+
+def char_task_prompt_tokens(task, pretrained: str, chat: bool) -> int:
+    """The prompt width, in ``pretrained``'s tokens, of a task that bounds its prompts in
+    characters (the embedded char tokenizer's units, e.g. ``task=arithmetic``): its longest
+    prompt's characters plus the most that the special tokens or the chat template add to any
+    held-out prompt, plus one token for a merge across the template's edge. (Byte-level BPE
+    and SentencePiece spend at most one token per character of such ASCII prompts.) Reads the
+    tokenizer from a local directory or the hub's cache, never from the hub."""
+    from replay_exp.models.tokenizer import load_tokenizer
+    from replay_exp.rollout.collect import prompt_lengths
+
+    path = os.path.expanduser(pretrained)
+    try:
+        if os.path.isdir(path):
+            tokenizer = load_tokenizer(path)
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
+    except (OSError, ValueError):
+        _fail(
+            f"task.name={task.name} measures prompts in characters; on model.pretrained="
+            f"{pretrained} the prompt width needs that model's tokenizer, which is not on this "
+            "machine (neither a local dir nor in the hub's cache: download it first)"
+        )
+    prompts = [p.prompt for p in task.eval_problems()]
+    lengths = prompt_lengths(tokenizer, prompts, chat)
+    extra = max(n - len(p) for n, p in zip(lengths, prompts, strict=True))
+    return task.max_prompt_chars + max(extra, 0) + 1
 
 
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")

@@ -7,6 +7,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from omegaconf import MISSING, OmegaConf
@@ -36,6 +37,8 @@ def _offline_extras(group: str, option: str, tiny_hub_dir: Path) -> list[str]:
     """What an option needs to resolve on a machine without the hub: a local model for the
     math tasks (and the generic pretrained option), a local dataset file."""
     if group == "model" and option == "pretrained":
+        return [f"model.pretrained={tiny_hub_dir}"]
+    if group == "model" and option not in ("tiny", "tiny_qwen2"):  # a hub id: no hub here
         return [f"model.pretrained={tiny_hub_dir}"]
     if group == "runtime" and option == "distributed":  # the real node of schedule=async
         return ["schedule=async", "buffer.shards=2"]
@@ -204,6 +207,10 @@ BAD = [
      "local model directory nor a hub id (org/name)"),
     ([f"model.pretrained={GSM8K.parent}"], f"model.pretrained={GSM8K.parent} has no "
      "config.json (not a save_pretrained directory)"),
+    (["model=pretrained", "model.pretrained=nobody/no-such-model"],
+     "task.name=arithmetic measures prompts in characters; on model.pretrained="
+     "nobody/no-such-model the prompt width needs that model's tokenizer, which is not on this "
+     "machine (neither a local dir nor in the hub's cache: download it first)"),
     (["task=gsm8k", f"task.path={GSM8K}"],
      "task.name=gsm8k needs a pretrained model with its own tokenizer (model=qwen2_5_0_5b, "
      "model=<local dir>, or model.pretrained=...); the embedded tiny model's char tokenizer "
@@ -408,3 +415,21 @@ def test_units_per_step_and_steps():
     assert C.derive_steps(_node(SYNC, max_rollouts=1000), 64, 1.0) == 15
     with pytest.raises(ConfigError, match="exactly one budget"):
         C.derive_steps(_node(SYNC, max_steps=3, max_rollouts=10), 64, 1.0)
+
+
+def test_a_char_task_on_a_pretrained_tokenizer_gets_a_prompt_width_that_holds(tiny_hub_dir):
+    """task=arithmetic bounds prompts in characters; on a BPE tokenizer with a chat template
+    resolve() measures the template's overhead, and every training prompt fits the width."""
+    from replay_exp.models.tokenizer import load_tokenizer
+    from replay_exp.rollout.collect import prompt_lengths
+    from replay_exp.tasks import make_task
+
+    overrides = ["model=pretrained", f"model.pretrained={tiny_hub_dir}", "model.chat_template=true"]
+    cfg, d = resolve(compose(overrides))
+    task = make_task(cfg.task)
+    prompts = [p.prompt for p in task.sample_train(np.random.default_rng(0), 2000)]
+    lengths = prompt_lengths(load_tokenizer(tiny_hub_dir), prompts, chat=True)
+    # The template adds far more than the char tokenizer's one BOS: the old width (chars + 1)
+    # would not hold them.
+    assert max(lengths) > task.max_prompt_chars + 1
+    assert max(lengths) <= d.max_prompt_len
