@@ -34,6 +34,10 @@ from omegaconf import OmegaConf
 log = logging.getLogger("replay_exp")
 
 START_KEY = "start"
+# Imported once by the fork server that starts the ranks (a fresh process, not a fork of this
+# one: no CUDA or thread state is inherited), so each rank is forked with them loaded
+# instead of importing torch and transformers anew; later runs of this process reuse it.
+PRELOAD = ["replay_exp.runtime.trainer", "replay_exp.runtime.generator", "replay_exp.loop"]
 
 
 class RankFailed(RuntimeError):
@@ -117,7 +121,8 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
     port = free_port()
     store = _store("127.0.0.1", port, True, cfg.runtime.rendezvous_timeout_s)
     store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
     container = OmegaConf.to_container(cfg)
     procs = []
     for rank in range(world):
