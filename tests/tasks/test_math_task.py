@@ -11,7 +11,7 @@ import pytest
 from replay_exp.config import ConfigError, compose, resolve
 from replay_exp.tasks import TASKS, make_task
 from replay_exp.tasks.math_data import REQUIRED_FIELDS, MathDataWarning
-from replay_exp.tasks.math_task import MATH_TASKS, MathTask
+from replay_exp.tasks.math_task import MATH_TASKS, MathTask, _load
 
 FIX = Path(__file__).parents[1] / "fixtures" / "math"
 GSM8K, MATH500, OPENR1 = FIX / "gsm8k.jsonl", FIX / "math500.jsonl", FIX / "openr1.parquet"
@@ -49,6 +49,7 @@ def test_training_problems_also_held_out_are_dropped():
 
 
 def test_openr1_parquet_skips_proofs_and_uses_answers():
+    _load.cache_clear()  # the warning comes with a load; an earlier test may have cached this one
     with pytest.warns(MathDataWarning, match="skipped 1 row"):
         task = MathTask("openr1_math", path=str(OPENR1), n_eval=1)
     assert task.n_train + len(task.eval_problems()) == 5
