@@ -140,6 +140,7 @@ class WeightPusher:
         self.count = dict.fromkeys(generators, 0)  # pushes sent to each (STOP included)
         self.pushed = 0
         self.skipped = 0  # pushes not sent: the generator had not taken the previous one
+        self.gone: set[int] = set()  # generators whose connection closed under a push
 
     def _send(self, g: int, version: int, flat: torch.Tensor | None) -> None:
         for w, _ in self.pending[g]:
@@ -154,10 +155,16 @@ class WeightPusher:
 
     def push(self, version: int, flat: torch.Tensor) -> None:
         for g in self.pending:
+            if g in self.gone:
+                continue
             if self.store.add(f"taken/{g - self.first}", 0) < self.count[g]:
                 self.skipped += 1
                 continue
-            self._send(g, version, flat)
+            try:
+                self._send(g, version, flat)
+            except RuntimeError:  # gloo: "Connection closed by peer": the generator died
+                self.gone.add(g)
+                continue
             self.pushed += 1
 
     def stop(self, dead: set[int] = frozenset()) -> list[int]:

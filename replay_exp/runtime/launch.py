@@ -31,9 +31,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from replay_exp.errors import RunStopped
+
 log = logging.getLogger("replay_exp")
 
 START_KEY = "start"
+STOPPED = 4  # a rank's exit code: it stopped early on purpose, with a snapshot (RunStopped)
 # Imported once by the fork server that starts the ranks (a fresh process, not a fork of this
 # one: no CUDA or thread state is inherited), so each rank is forked with them loaded
 # instead of importing torch and transformers anew; later runs of this process reuse it.
@@ -135,19 +138,26 @@ def spawn_local(cfg, d, run_dir: Path, snapshot_path: str | None) -> dict:
     log.info("runtime=distributed: %d trainer + %d generator processes (pids %s)", T, W,
              [p.pid for p in procs])  # fmt: skip
     reported: set[int] = set()
+    role = lambda rank: f"trainer {rank}" if rank < T else f"generator {rank - T}"  # noqa: E731
     try:
         while True:
-            for rank, p in enumerate(procs):
-                if p.exitcode not in (None, 0) and rank not in reported:
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if any(r < T for r in failed):  # a generator's death often ends a trainer: both
+                time.sleep(0.5)  # exit codes come from the fork server; let the others arrive
+                failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            for rank in failed:
+                if rank not in reported:
                     reported.add(rank)
-                    role = f"trainer {rank}" if rank < T else f"generator {rank - T}"
-                    log.error("rank %d (%s, pid %d) exited with code %s", rank, role, p.pid,
-                              p.exitcode)  # fmt: skip
-                    if rank < T:  # the trainers' collectives cannot go on
-                        raise RankFailed(
-                            f"{role} (rank {rank}) exited with code {p.exitcode}; relaunch to "
-                            "resume from the newest snapshot"
-                        )
+                    log.error("rank %d (%s, pid %d) exited with code %s", rank, role(rank),
+                              procs[rank].pid, procs[rank].exitcode)  # fmt: skip
+            trainer = next((r for r in failed if r < T), None)
+            if trainer is not None:  # the trainers' collectives cannot go on
+                code = procs[trainer].exitcode
+                why = "stopped with a snapshot" if code == STOPPED else f"exited with code {code}"
+                raise RankFailed(
+                    f"{role(trainer)} (rank {trainer}) {why}; relaunch to resume from the "
+                    "newest snapshot"
+                )
             if procs[0].exitcode is not None:
                 break
             time.sleep(0.2)
@@ -175,6 +185,9 @@ def _child(container: dict, d, run_dir: str, rank: int, world: int, port: int) -
     store = _store("127.0.0.1", port, False, cfg.runtime.rendezvous_timeout_s)
     try:
         run_rank(cfg, d, Path(run_dir), rank, world, store)
+    except RunStopped as e:  # expected (a generator died): one line, no traceback
+        log.error("rank %d stopped: %s", rank, e)
+        sys.exit(STOPPED)
     except Exception as e:
         log.exception("rank %d failed: %s", rank, e)
         sys.exit(3)

@@ -198,7 +198,8 @@ class TrainerRank:
 
     def _find_dead(self) -> list[int]:
         """Generators whose connection broke mid-message or whose heartbeat stopped."""
-        return sorted(self.inbox.broken | set(self.monitor.dead(self.inbox.open)))
+        gone = self.pusher.gone if self.lead else set()
+        return sorted(self.inbox.broken | gone | set(self.monitor.dead(self.inbox.open)))
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         out = self._poll(step)
