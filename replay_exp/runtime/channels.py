@@ -142,16 +142,23 @@ class WeightPusher:
         self.skipped = 0  # pushes not sent: the generator had not taken the previous one
         self.gone: set[int] = set()  # generators whose connection closed under a push
 
-    def _send(self, g: int, version: int, flat: torch.Tensor | None) -> None:
-        for w, _ in self.pending[g]:
-            w.wait()  # taken already (or about to be: the generator counted it)
-        header = torch.tensor([version], dtype=torch.long)
-        works = [(dist.isend(header, g, tag=TAG_VERSION), header)]
-        if flat is not None:
-            works.append((dist.isend(flat, g, tag=TAG_WEIGHTS), flat))
+    def _send(self, g: int, version: int, flat: torch.Tensor | None) -> bool:
+        """Send ``version`` (and ``flat``) to ``g``; False if its connection closed (it died:
+        it joins ``gone`` and gets nothing more)."""
+        try:
+            for w, _ in self.pending[g]:
+                w.wait()  # taken already (or about to be: the generator counted it)
+            header = torch.tensor([version], dtype=torch.long)
+            works = [(dist.isend(header, g, tag=TAG_VERSION), header)]
+            if flat is not None:
+                works.append((dist.isend(flat, g, tag=TAG_WEIGHTS), flat))
+        except RuntimeError:  # gloo: "Connection closed by peer"
+            self.gone.add(g)
+            return False
         self.pending[g] = works
         self.count[g] += 1
         self.store.add(f"pushes/{g - self.first}", 1)
+        return True
 
     def push(self, version: int, flat: torch.Tensor) -> None:
         for g in self.pending:
@@ -160,25 +167,16 @@ class WeightPusher:
             if self.store.add(f"taken/{g - self.first}", 0) < self.count[g]:
                 self.skipped += 1
                 continue
-            try:
-                self._send(g, version, flat)
-            except RuntimeError:  # gloo: "Connection closed by peer": the generator died
-                self.gone.add(g)
-                continue
-            self.pushed += 1
+            if self._send(g, version, flat):
+                self.pushed += 1
 
     def stop(self, dead: set[int] = frozenset()) -> list[int]:
         """STOP to every live generator (queued behind a push it has not taken). Returns the
-        generators found gone on the way (their connection closed)."""
-        gone = []
+        generators found gone (their connection closed, now or under an earlier push)."""
         for g in self.pending:
-            if g in dead:
-                continue
-            try:
+            if g not in dead and g not in self.gone:
                 self._send(g, STOP, None)
-            except RuntimeError:  # gloo: "Connection closed by peer"
-                gone.append(g)
-        return gone
+        return sorted(self.gone)
 
 
 class WeightReceiver:

@@ -197,7 +197,8 @@ class TrainerRank:
         return out
 
     def _find_dead(self) -> list[int]:
-        """Generators whose connection broke mid-message or whose heartbeat stopped."""
+        """Generators whose connection broke mid-message or under a weight push (rank 0), or
+        whose heartbeat stopped."""
         gone = self.pusher.gone if self.lead else set()
         return sorted(self.inbox.broken | gone | set(self.monitor.dead(self.inbox.open)))
 

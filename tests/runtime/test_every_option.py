@@ -15,7 +15,7 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 from test_config import OPTIONS, _offline_extras
-from test_readme import COMMANDS, overrides_of
+from test_readme import COMMANDS, ENTRYPOINTS, overrides_of
 
 from replay_exp.config import ConfigError, compose, resolve
 from replay_exp.logging import read_metrics
@@ -97,10 +97,9 @@ def _readme_cases(tiny_hub_dir) -> dict[str, list[str]]:
 
 
 def _readme_id(command: str) -> str:
-    return (
-        "README: "
-        + command.split("replay_exp.train", 1)[-1].split("replay-exp-train", 1)[-1].strip()
-    )
+    for entry in ENTRYPOINTS:
+        command = command.replace(entry, "", 1)
+    return "README: " + command.strip()
 
 
 CASE_IDS = [f"{g}={o}" for g, o in OPTIONS] + list(
