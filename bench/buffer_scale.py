@@ -48,6 +48,8 @@ def rollouts(n: int, step: int, uid0: int, P: int, C: int, rng: np.random.Genera
         created_step_B=torch.full((n,), step),
         group_id_B=uid // 8,
         uid_B=uid,
+        group_reward_B=torch.zeros(n),
+        engine_gap_BxC=torch.zeros(n, C),
     )
 
 

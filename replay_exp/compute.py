@@ -14,6 +14,12 @@
    (forward + backward). Padding is not counted.
 3. Measured wall seconds for generation, training and evaluation, and the mu they imply:
    (seconds per generated rollout) / (seconds per trained sample).
+
+Beside the compute, what it bought: the composition of the generated and of the trained data
+(sums of reward and of the group's pass rate at generation, per rollout generated and per
+sample trained; mean lengths are ``gen_tokens / rollouts`` and ``train_tokens /
+samples_trained``), logged as ``data/*`` (``composition``): a stale-data policy that starves
+hard or long problems shows as trained means above the generated ones.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ class Ledger:
     seconds_gen: float = 0.0
     seconds_train: float = 0.0
     seconds_eval: float = 0.0
+    extra_forwards: int = 0  # no-grad whole-batch forwards of the update (proximal, M2PO)
+    reward_gen_sum: float = 0.0  # sum of rewards of the rollouts generated
+    pass_gen_sum: float = 0.0  # sum of their group's mean reward at generation
+    reward_train_sum: float = 0.0  # sum of rewards of the samples trained (repeats included)
+    pass_train_sum: float = 0.0  # sum of their group's mean reward at generation
 
     def add_generation(self, lengths: torch.Tensor, gen_tokens: int, seconds: float) -> None:
         """``lengths``: prompt + completion real tokens per generated rollout."""
@@ -76,13 +87,19 @@ class Ledger:
         self.seconds_gen += seconds
         self._normalise()
 
-    def add_training(self, lengths: torch.Tensor, loss_tokens: int, seconds: float) -> None:
-        """``lengths``: prompt + completion real tokens per trained sample."""
+    def add_training(
+        self, lengths: torch.Tensor, loss_tokens: int, seconds: float, extra_forwards: int = 0
+    ) -> None:
+        """``lengths``: prompt + completion real tokens per trained sample; ``extra_forwards``:
+        no-grad forwards of the whole batch the update ran besides its forward + backward
+        (``algo.proximal=recompute``; M2PO micro-batched), charged one forward each."""
         self.steps += 1
         self.samples_trained += len(lengths)
         self.train_tokens += loss_tokens
         self.sample_units += costmodel.sample_units(len(lengths), 0, self.mu)
-        self.flops_train += 3 * forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
+        flops = forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
+        self.flops_train += (3 + extra_forwards) * flops
+        self.extra_forwards += extra_forwards
         self.seconds_train += seconds
         self._normalise()
 
@@ -102,12 +119,37 @@ class Ledger:
         per_sample = self.seconds_train / self.samples_trained
         return per_rollout / per_sample
 
+    def add_data(self, generated=None, trained=None) -> None:
+        """Add RolloutBatches to the composition sums: ``generated`` (arrivals) and/or
+        ``trained`` (a training batch, each sampled row once per use)."""
+        if generated is not None:
+            self.reward_gen_sum += float(generated.reward_B.double().sum())
+            self.pass_gen_sum += float(generated.group_reward_B.double().sum())
+        if trained is not None:
+            self.reward_train_sum += float(trained.reward_B.double().sum())
+            self.pass_train_sum += float(trained.group_reward_B.double().sum())
+
+    def composition(self) -> dict[str, float]:
+        """``data/{generated,trained}_{count,reward,length,pass_rate}``: cumulative counts and
+        means (NaN before the first); a mean over an interval is (m2 n2 - m1 n1) / (n2 - n1)."""
+        nan = float("nan")
+        out = {}
+        for kind, n, reward, tokens, passed in (
+            ("generated", self.rollouts, self.reward_gen_sum, self.gen_tokens, self.pass_gen_sum),
+            ("trained", self.samples_trained, self.reward_train_sum, self.train_tokens,
+             self.pass_train_sum),
+        ):  # fmt: skip
+            out[f"data/{kind}_count"] = n
+            out[f"data/{kind}_reward"] = reward / n if n else nan
+            out[f"data/{kind}_length"] = tokens / n if n else nan
+            out[f"data/{kind}_pass_rate"] = passed / n if n else nan
+        return out
+
     def metrics(self) -> dict[str, float]:
-        out = {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in ("mu", "batch_size", "n_params", "n_layers", "hidden", "units_per_step")
-        }
+        hidden = ("mu", "batch_size", "n_params", "n_layers", "hidden", "units_per_step",
+                  "reward_gen_sum", "pass_gen_sum", "reward_train_sum",
+                  "pass_train_sum")  # fmt: skip
+        out = {k: v for k, v in asdict(self).items() if k not in hidden}
         out["flops"] = self.flops_gen + self.flops_train
         out["seconds"] = self.seconds_gen + self.seconds_train + self.seconds_eval
         mu = self.measured_mu()

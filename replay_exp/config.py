@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from omegaconf import DictConfig, OmegaConf
 
 from replay_exp import costmodel
-from replay_exp.algo import AGG_MODES, ALGO_NAMES, TIS_LEVELS
+from replay_exp.algo import AGG_MODES, ALGO_NAMES, MASKS, PROXIMAL_MODES, TIS_LEVELS
 from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.buffer.positive_bias import correct_slots
 from replay_exp.errors import ConfigError
@@ -289,6 +289,17 @@ def check_values(cfg: DictConfig) -> None:
                 "pip install -e '.[gpu]' on a GPU machine (scripts/setup_vllm_cpu.sh: a CPU "
                 "build)"
             )
+    if g.behaviour_logp == "trainer" and g.store_trainer_logp:
+        _fail(
+            "generation.store_trainer_logp=true with generation.behaviour_logp=trainer: the "
+            "stored behaviour log-probs are then the trainer's, there is no mismatch to store"
+        )
+    in_process = cfg.runtime.name != "distributed"
+    if g.store_trainer_logp and (s.sync_every != 1 or s.sync_lag != 0) and in_process:
+        _fail(
+            "generation.store_trainer_logp=true needs the trainer at the generating weights: "
+            f"schedule.sync_every=1 and schedule.sync_lag=0 (got {s.sync_every}, {s.sync_lag})"
+        )
     if g.behaviour_logp == "trainer" and (s.sync_every != 1 or s.sync_lag != 0):
         _fail(
             "generation.behaviour_logp=trainer recomputes behaviour log-probs with the "
@@ -372,7 +383,10 @@ def check_values(cfg: DictConfig) -> None:
         _positive("algo.micro_batch_size", a.micro_batch_size)
     if a.loss_agg not in AGG_MODES:
         _fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {sorted(AGG_MODES)}")
-    if not 0 <= a.eps_low < 1:
+    if a.name == "cispo":  # a weight clipped at 1 - eps_low: 1 is no lower bound (the paper's)
+        if not 0 <= a.eps_low <= 1:
+            _fail(f"algo.eps_low={a.eps_low} must be in [0, 1] for algo=cispo")
+    elif not 0 <= a.eps_low < 1:
         _fail(f"algo.eps_low={a.eps_low} must be in [0, 1)")
     if a.eps_high < 0:
         _fail(f"algo.eps_high={a.eps_high} must be >= 0")
@@ -388,6 +402,24 @@ def check_values(cfg: DictConfig) -> None:
             _fail(f"algo.tis_level={a.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}")
         if a.tis_cap is not None and not a.tis_cap > 0:
             _fail(f"algo.tis_cap={a.tis_cap} must be > 0 (or null for no truncated IS)")
+        if a.proximal not in PROXIMAL_MODES:
+            _fail(f"algo.proximal={a.proximal} is unknown; choose one of {list(PROXIMAL_MODES)}")
+    if "mask" in a:
+        if a.mask not in MASKS:
+            _fail(f"algo.mask={a.mask} is unknown; choose one of {list(MASKS)}")
+        if not 0 < a.mask_low <= 1 <= a.mask_high:
+            _fail(
+                f"algo.mask_low={a.mask_low}, algo.mask_high={a.mask_high}: need 0 < mask_low "
+                "<= 1 <= mask_high (an on-policy token, r = 1, is always kept)"
+            )
+        if not 0 < a.mask_geo_delta < 1:
+            _fail(f"algo.mask_geo_delta={a.mask_geo_delta} must be in (0, 1)")
+        if not a.mask_opsm_delta >= 0:
+            _fail(f"algo.mask_opsm_delta={a.mask_opsm_delta} must be >= 0")
+    if a.name == "m2po" and not a.m2_threshold > 0:
+        _fail(f"algo.m2_threshold={a.m2_threshold} must be > 0 (the budget on mean (log r)^2)")
+    if a.name == "topr" and not math.isfinite(a.topr_baseline):
+        _fail(f"algo.topr_baseline={a.topr_baseline} must be finite")
     if a.name == "asymre":
         # No importance ratio; V_hat is recovered as reward - advantage, which is exact only for
         # unnormalised advantages. kl_coef > 0 is allowed (the same k3 term as GRPO).
@@ -408,6 +440,13 @@ def check_values(cfg: DictConfig) -> None:
     problem = check_buffer_config(b)
     if problem:
         _fail(problem)
+
+    if b.staleness_policy == "wait" and cfg.runtime.name != "distributed":
+        _fail(
+            "buffer.staleness_policy=wait needs runtime=distributed (in process a step's "
+            f"arrivals are fixed, there is nothing to wait for; given runtime={cfg.runtime.name})"
+            "; use buffer.staleness_policy=drop"
+        )
 
     # Runtime: the real W + T processes take W, T and the shards from schedule=async.
     if cfg.runtime.name == "distributed":

@@ -79,6 +79,8 @@ def evaluate(
         created_step_B=zeros.long(),
         group_id_B=zeros.long(),
         uid_B=zeros.long(),
+        group_reward_B=zeros,
+        engine_gap_BxC=torch.zeros(gen.completion_mask_BxC.shape),
     )
     was_training = policy.training
     policy.eval()

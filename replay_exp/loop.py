@@ -193,6 +193,12 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             # generator ranks delivered; the async ones may bring nothing at some steps.
             arrivals = rt.take(step, wait=len(p.buffer) == 0)
             store(p, arrivals, step)
+            while rt.can_wait and must_wait(cfg.buffer, p.buffer, step):
+                more = rt.take(step, wait=True)  # blocks for a generator's next delivery
+                if not more:  # a generator died: stop_now tells every trainer
+                    break
+                store(p, more, step)
+                arrivals += more
             if rt.stop_now(step):  # a generator rank died: every trainer snapshots and stops
                 stopped_at = step
                 break
@@ -204,10 +210,15 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
                 check_versions(batch, step)
                 stats = policy_update(
                     p.model, p.optimizer, batch, a, g.temperature, d.max_new_tokens, p.ref_model,
-                    version=step if cfg.logger.diagnostics else None,
+                    version=step, diagnostics=cfg.logger.diagnostics,
+                    gap_known=g.backend == "hf" or g.store_trainer_logp,
                 )  # fmt: skip
             seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
-            p.ledger.add_training(sequence_lengths(batch), stats.get("tokens", 0), seconds)
+            p.ledger.add_training(
+                sequence_lengths(batch), stats.get("tokens", 0), seconds,
+                extra_forwards=stats.pop("extra_forwards", 0),  # the ledger's, not a loss stat
+            )  # fmt: skip
+            p.ledger.add_data(trained=batch)
 
             # After the step: weights to the generators, log, evaluate on the grid, snapshot.
             version = step + 1
@@ -223,11 +234,14 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
                 row.update(step_metrics(record, stats))
                 row.update(rt.metrics(led))
             if p.lead and is_eval:
-                last_eval = run_eval(cfg, d, p, rt, version, led)
+                comp = led.composition()  # cumulative, and over the interval since last eval
+                since = interval_composition(comp, last_eval)
+                last_eval = {**run_eval(cfg, d, p, rt, version, led), **comp, **since}
                 write_telemetry(run_dir, version, collect_telemetry(record["buffers"]), p.logger)
                 row.update({"step": version, **last_eval})
                 log.info("step %d | %s", version, format_eval(last_eval))
             if row:
+                row.update(led.composition())
                 row.update(prefixed("compute", led.metrics()))
                 p.logger.log(row)
             if snapshot_due(version):
@@ -247,7 +261,37 @@ def store(p: Parts, arrivals: list[Arrival], step: int) -> None:
     for fresh in arrivals:
         b, tokens = fresh.batch, int(fresh.batch.completion_mask_BxC.sum())
         p.ledger.add_generation(sequence_lengths(b), tokens, fresh.seconds)
-        p.buffer.add(b, step)
+        p.ledger.add_data(generated=b)
+        p.buffer.add(b, step)  # buffer.max_staleness refuses (and counts) over-stale rows
+
+
+def interval_composition(now: dict[str, float], before: dict[str, Any]) -> dict[str, float]:
+    """``data/interval/<kind>_<stat>``: the means over the rollouts generated (or samples
+    trained) since ``before`` (the previous evaluation's row, which carries the cumulative
+    ``data/*`` of ``Ledger.composition``; none before the first: since the start)."""
+    out = {}
+    for kind in ("generated", "trained"):
+        n2, n1 = now[f"data/{kind}_count"], before.get(f"data/{kind}_count", 0)
+        out[f"data/interval/{kind}_count"] = n2 - n1
+        for stat in ("reward", "length", "pass_rate"):
+            key = f"data/{kind}_{stat}"
+            total2 = now[key] * n2 if n2 else 0.0
+            total1 = before[key] * n1 if n1 else 0.0
+            out[f"data/interval/{kind}_{stat}"] = (
+                (total2 - total1) / (n2 - n1) if n2 > n1 else float("nan")
+            )
+    return out
+
+
+def must_wait(bcfg, buffer, step: int) -> bool:
+    """Whether a trainer that can block for arrivals (``runtime=distributed``) must, before
+    step ``step``: its buffer is empty, or (``buffer.staleness_policy=wait``) it holds no
+    rollout within ``buffer.max_staleness`` versions of the step."""
+    if len(buffer) == 0:
+        return True
+    if bcfg.staleness_policy != "wait":
+        return False
+    return step - buffer.newest_version() > bcfg.max_staleness
 
 
 def check_versions(batch, step: int) -> None:

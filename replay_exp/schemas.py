@@ -119,6 +119,8 @@ class BufferConfig:
     priority: str = MISSING  # abs_advantage | group_reward_var
     priority_alpha: float = MISSING  # sampling=prioritized: weight = priority ** alpha
     recency_tau: float | None = MISSING  # sampling=recency: weight = exp(-age / tau)
+    max_staleness: int | None = MISSING  # admission: refuse rollouts > k versions old
+    staleness_policy: str = MISSING  # drop | wait (distributed: trainers wait for fresh data)
 
 
 @dataclass
@@ -186,7 +188,7 @@ class DistributedRuntimeConfig(RuntimeConfig):
 
 @dataclass
 class AlgoConfig:
-    name: str = MISSING  # grpo | asymre
+    name: str = MISSING  # grpo | cispo | gspo | m2po | topr | asymre
     group_size: int = MISSING  # G
     eps_low: float = MISSING
     eps_high: float = MISSING
@@ -201,9 +203,41 @@ class AlgoConfig:
 
 
 @dataclass
-class GrpoConfig(AlgoConfig):
+class MaskedAlgoConfig(AlgoConfig):
+    """The losses a stale-data mask applies to (replay_exp/algo/masks.py)."""
+
+    mask: str = MISSING  # none | icepop | seq_mis | geometric | opsm
+    mask_low: float = MISSING  # icepop / seq_mis: keep r (or W) >= mask_low
+    mask_high: float = MISSING  # icepop / seq_mis: keep r (or W) <= mask_high
+    mask_geo_delta: float = MISSING  # geometric: keep exp(mean log r) in [1 - d, 1 + d]
+    mask_opsm_delta: float = MISSING  # opsm: drop A < 0 rows with mean log(mu / pi) > delta
+
+
+@dataclass
+class GrpoConfig(MaskedAlgoConfig):
     tis_cap: float | None = MISSING  # truncated IS weight cap c; null = off
     tis_level: str = MISSING  # token | sequence
+    proximal: str = MISSING  # decoupled PPO's proximal policy: none | recompute | loglinear
+
+
+@dataclass
+class CispoConfig(MaskedAlgoConfig):
+    pass
+
+
+@dataclass
+class GspoConfig(MaskedAlgoConfig):
+    pass
+
+
+@dataclass
+class M2poConfig(AlgoConfig):
+    m2_threshold: float = MISSING  # the budget on the kept tokens' mean (log r)^2
+
+
+@dataclass
+class ToprConfig(AlgoConfig):
+    topr_baseline: float = MISSING  # b in the coefficient R - b of the stored reward
 
 
 @dataclass
@@ -222,6 +256,7 @@ class GenerationConfig:
     max_new_tokens: int | None = MISSING  # null: the task's longest answer + EOS
     chunk_size: int = MISSING
     behaviour_logp: str = MISSING  # engine | trainer
+    store_trainer_logp: bool = MISSING  # the engine mismatch stored beside the engine's logp
 
 
 @dataclass
@@ -330,7 +365,14 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "positive_bias": PositiveBiasBufferConfig,
     },
     "schedule": {"sync": SyncScheduleConfig, "async": AsyncScheduleConfig},
-    "algo": {"grpo": GrpoConfig, "asymre": AsymreConfig},
+    "algo": {
+        "grpo": GrpoConfig,
+        "cispo": CispoConfig,
+        "gspo": GspoConfig,
+        "m2po": M2poConfig,
+        "topr": ToprConfig,
+        "asymre": AsymreConfig,
+    },
     "generation": {"hf": HFGenerationConfig, "vllm": VLLMGenerationConfig},
     "eval": {"default": EvalConfig},
     "logger": {"jsonl": LoggerConfig, "wandb": WandbLoggerConfig},

@@ -51,6 +51,8 @@ def rollout_batch(
     group: Values = None,
     uid: Values = None,
     uid_start: int = 0,
+    group_reward: Values = None,
+    engine_gap_BxC: torch.Tensor | None = None,
 ) -> RolloutBatch:
     """A batch of the given rows; unspecified fields take neutral values (module docstring).
     ``version`` and ``created_step`` may be one int for every row (``created_step`` defaults
@@ -82,6 +84,11 @@ def rollout_batch(
         else _column(created_step, n, torch.int64, 0),
         group_id_B=uid_B.clone() if group is None else _column(group, n, torch.int64, 0),
         uid_B=uid_B,
+        group_reward_B=_column(group_reward, n, torch.float32, 0.0),
+        engine_gap_BxC=(
+            torch.zeros(c_ids.shape) if engine_gap_BxC is None
+            else torch.as_tensor(engine_gap_BxC, dtype=torch.float32)
+        ),
     )  # fmt: skip
 
 

@@ -27,6 +27,13 @@ class RolloutBatch:
     created_step_B: torch.Tensor  # int64, training step at which the rollout was generated
     group_id_B: torch.Tensor  # int64, id of the prompt group (G rollouts share one)
     uid_B: torch.Tensor  # int64, unique rollout id over the whole run
+    # float32, mean reward of the rollout's prompt group at generation (its pass rate for a
+    # binary reward): how hard the problem was for the generating policy
+    group_reward_B: torch.Tensor
+    # float32, log pi_trainer(token) at the generating weights - log mu_engine(token): the
+    # engine mismatch part of the ratio; 0 on pad, and 0 where it is not measured (the hf
+    # engine is the trainer's model; generation.trainer_logp=false)
+    engine_gap_BxC: torch.Tensor
 
     def __len__(self) -> int:
         return self.reward_B.shape[0]
@@ -84,6 +91,8 @@ class RolloutBatch:
             created_step_B=self.created_step_B,
             group_id_B=self.group_id_B,
             uid_B=self.uid_B,
+            group_reward_B=self.group_reward_B,
+            engine_gap_BxC=right(self.engine_gap_BxC, C, 0.0),
         )
 
     def trimmed(self) -> RolloutBatch:
@@ -99,4 +108,5 @@ class RolloutBatch:
         out.completion_ids_BxC = self.completion_ids_BxC[:, :c1]
         out.completion_mask_BxC = self.completion_mask_BxC[:, :c1]
         out.behaviour_logp_BxC = self.behaviour_logp_BxC[:, :c1]
+        out.engine_gap_BxC = self.engine_gap_BxC[:, :c1]
         return out

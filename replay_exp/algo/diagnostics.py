@@ -27,6 +27,21 @@ Statistics (all token means over valid tokens unless said otherwise):
 - ``ess_frac``: effective sample size of the sequence-level importance weights
   ``W_i = prod_t r_t`` (``(sum W)^2 / sum W^2``) divided by the number of rows with a token;
   1 when every weight is equal (on-policy), near 1/n when one rollout dominates.
+
+Ratios before any truncation or mask (what a correction acts on; TRL #5231), over all valid
+tokens: ``ratio_raw_mean``, ``ratio_raw_max``, and per lag bucket and for the batch
+``above_2`` / ``below_half`` (share of tokens with r > 2 / r < 0.5). When a mask is active
+(``keep_BxC``: ``algo.mask`` or M2PO's budget), ``masked_frac`` (valid tokens dropped), per
+bucket and for the batch, and ``masked_seq_frac`` (rows with a valid token that lost any).
+
+The split of the ratio (``gap_BxC``: the stored ``engine_gap = log pi_trainer(at the
+generating weights) - log mu_engine``): ``log r = staleness + mismatch`` with ``mismatch =
+gap`` (trainer vs engine at the same weights: exactly 0 for the hf engine, which is the
+trainer's model) and ``staleness = log r - gap`` (current weights vs the generating ones).
+For each part, k3 KL (``mismatch_kl``, ``staleness_kl``: mean of ``e^x - 1 - x``) and the
+mean ``|e^x - 1|`` (``mismatch_dev``, ``staleness_dev``), for the batch and per lag bucket
+(``<bucket>/mismatch_kl``, ``<bucket>/staleness_kl``); NaN when the gap was not measured
+(``gap_BxC`` None: a non-hf engine without ``generation.store_trainer_logp``).
 """
 
 from __future__ import annotations
@@ -76,12 +91,19 @@ def update_diagnostics(
     lag_B: Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
+    *,
+    keep_BxC: Tensor | None = None,
+    gap_BxC: Tensor | None = None,
 ) -> dict[str, float]:
     """The module docstring's statistics of one update, as python floats.
 
-    Keys: ``update_kl``, ``ess_frac``, ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``
-    and ``<bucket>/<stat>`` for each of ``LAG_BUCKETS`` and the stats ``token_frac``,
-    ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``. Padding may hold anything."""
+    Keys: ``update_kl``, ``ess_frac``, ``clip_frac``, ``outside_clip``, ``ratio_dev``, ``kl``,
+    ``ratio_raw_mean``, ``ratio_raw_max``, ``above_2``, ``below_half``, the split
+    (``mismatch_kl``, ``mismatch_dev``, ``staleness_kl``, ``staleness_dev``), with
+    ``keep_BxC`` ``masked_frac`` and ``masked_seq_frac``, and ``<bucket>/<stat>`` for each of
+    ``LAG_BUCKETS`` and the stats ``token_frac``, ``clip_frac``, ``outside_clip``,
+    ``ratio_dev``, ``kl``, ``above_2``, ``below_half``, ``mismatch_kl``, ``staleness_kl`` (and
+    ``masked_frac`` with ``keep_BxC``). Padding may hold anything."""
     mask = mask_BxC.bool()
     zero = torch.zeros((), dtype=torch.float32, device=mask.device)
     before = torch.where(mask, logp_before_BxC.float(), zero)
@@ -104,10 +126,58 @@ def update_diagnostics(
     else:
         out["ess_frac"] = math.nan
     out.update(_staleness(log_r, adv_Bx1, mask, eps_low, eps_high))
+    r = torch.exp(log_r)
+    out["ratio_raw_mean"] = float((r * mask).sum()) / n_tokens if n_tokens else math.nan
+    out["ratio_raw_max"] = float(torch.where(mask, r, -torch.inf).max()) if n_tokens else math.nan
+    dropped = None
+    if keep_BxC is not None:
+        dropped = mask & ~keep_BxC.bool().to(mask.device)
+        rows_with = int(rows.sum())
+        out["masked_seq_frac"] = (
+            float(dropped.any(dim=1).sum()) / rows_with if rows_with else math.nan
+        )
+    mismatch = staleness = None
+    if gap_BxC is not None:
+        mismatch = torch.where(mask, gap_BxC.float().to(mask.device), zero)
+        staleness = log_r - mismatch
+    out.update(_tails(r, mask, dropped, mismatch, staleness, with_dev=True))
     lag_Bx1 = lag_B.to(mask.device).unsqueeze(1)
     for name, lo, hi in LAG_BUCKETS:
         in_bucket = mask & (lag_Bx1 >= lo) & (lag_Bx1 <= hi)
         out[f"{name}/token_frac"] = float(in_bucket.sum()) / n_tokens if n_tokens else math.nan
         for key, v in _staleness(log_r, adv_Bx1, in_bucket, eps_low, eps_high).items():
             out[f"{name}/{key}"] = v
+        for key, v in _tails(r, in_bucket, dropped, mismatch, staleness).items():
+            out[f"{name}/{key}"] = v
+    return out
+
+
+def _tails(
+    r: Tensor,
+    mask: Tensor,
+    dropped: Tensor | None,
+    mismatch: Tensor | None,
+    staleness: Tensor | None,
+    with_dev: bool = False,
+) -> dict[str, float]:
+    """Over the tokens in ``mask`` (NaN if none): ``above_2``, ``below_half``, ``masked_frac``
+    (if ``dropped``), ``mismatch_kl`` / ``staleness_kl`` (NaN without the split) and, with
+    ``with_dev``, ``mismatch_dev`` / ``staleness_dev``."""
+    n = int(mask.sum())
+    keys = ["above_2", "below_half", "mismatch_kl", "staleness_kl"]
+    keys += ["mismatch_dev", "staleness_dev"] if with_dev else []
+    keys += ["masked_frac"] if dropped is not None else []
+    if n == 0:
+        return dict.fromkeys(keys, math.nan)
+    out = {
+        "above_2": float(((r > 2.0) & mask).sum()) / n,
+        "below_half": float(((r < 0.5) & mask).sum()) / n,
+    }
+    for name, x in (("mismatch", mismatch), ("staleness", staleness)):
+        out[f"{name}_kl"] = math.nan if x is None else float((_k3(x) * mask).sum()) / n
+        if with_dev:
+            dev = math.nan if x is None else float((torch.expm1(x).abs() * mask).sum()) / n
+            out[f"{name}_dev"] = dev
+    if dropped is not None:
+        out["masked_frac"] = float((dropped & mask).sum()) / n
     return out

@@ -63,6 +63,8 @@ arithmetic so it reaches neither the loss, the gradients, nor the stats.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -263,6 +265,52 @@ def kl_k3(
     return aggregate(k3_BxC, mask_BxC, agg, norm_len, denom)
 
 
+def prepare(
+    logp_BxC: Tensor,
+    behaviour_logp_BxC: Tensor,
+    advantage_B: Tensor,
+    mask_BxC: Tensor,
+    kl_coef: float = 0.0,
+    ref_logp_BxC: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Check the shapes every ratio loss shares and return ``(mask, logp, behaviour, adv_Bx1)``:
+    bool mask, float32 log-probs with padding replaced by 0 (``behaviour`` detached), the
+    detached advantage as a column.
+
+    Padding is replaced BEFORE any arithmetic: exp(garbage) = inf would turn into 0 * inf = nan
+    in the backward pass even if the forward masked it out afterwards.
+    """
+    if logp_BxC.shape != behaviour_logp_BxC.shape or logp_BxC.shape != mask_BxC.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp_BxC.shape)}, behaviour_logp "
+            f"{tuple(behaviour_logp_BxC.shape)}, mask {tuple(mask_BxC.shape)}"
+        )
+    if advantage_B.shape != logp_BxC.shape[:1]:
+        raise ValueError(
+            f"advantage_B {tuple(advantage_B.shape)} must be (B,) with B={logp_BxC.shape[0]}"
+        )
+    if kl_coef > 0 and ref_logp_BxC is None:
+        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
+    mask_BxC = mask_BxC.bool()
+    zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
+    logp_BxC = torch.where(mask_BxC, logp_BxC.float(), zero)
+    behaviour_BxC = torch.where(mask_BxC, behaviour_logp_BxC.detach().float(), zero)
+    return mask_BxC, logp_BxC, behaviour_BxC, advantage_B.detach().float().unsqueeze(1)
+
+
+def weight_stats(w_BxC: Tensor, truncated_BxC: Tensor, mask_BxC: Tensor) -> dict[str, Tensor]:
+    """``tis_weight_mean`` / ``_min`` / ``_max`` (1.0 without valid tokens) and
+    ``tis_capped_frac`` of a detached per-token weight over valid tokens."""
+    one = torch.ones((), dtype=torch.float32, device=w_BxC.device)
+    w_min, w_max = _masked_min_max(w_BxC, mask_BxC)
+    return {
+        "tis_weight_mean": torch.where(mask_BxC.any(), masked_mean(w_BxC, mask_BxC), one),
+        "tis_weight_min": w_min,
+        "tis_weight_max": w_max,
+        "tis_capped_frac": masked_mean(truncated_BxC.float(), mask_BxC),
+    }
+
+
 def grpo_loss(
     logp_BxC: Tensor,
     behaviour_logp_BxC: Tensor,
@@ -277,6 +325,7 @@ def grpo_loss(
     ref_logp_BxC: Tensor | None = None,
     tis_cap: float | None = None,
     tis_level: str = "token",
+    prox_logp_BxC: Tensor | None = None,
     denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped GRPO surrogate loss (to minimise) and detached stats over valid tokens.
@@ -287,62 +336,67 @@ def grpo_loss(
     ``k3 = exp(ref - logp) - (ref - logp) - 1`` (only when ``kl_coef > 0``). ``w`` is 1 unless
     ``tis_cap`` is set; then it is the detached truncated importance weight of ``tis_weight``
     (``tis_level`` "token" or "sequence"; module docstring, item 8).
-    Gradients flow only into ``logp_BxC``; behaviour/ref log-probs and advantages are constants.
-    ``denom`` is the aggregation normaliser (``agg_denominator``; None: this batch's own). A
-    micro-batch given the whole batch's ``denom`` returns its share of the batch loss (and of
-    ``pg_loss`` / ``kl_ref``); its other stats are of its own rows.
+
+    Decoupled PPO (``prox_logp_BxC`` given; Hilton et al. 2022, "Batch size-invariance for
+    policy optimization"; AReaL's decoupled loss): the clip is taken against the proximal
+    policy instead of the behaviour policy, ``u = exp(logp - prox_logp)`` replaces ``ratio``
+    inside the min, and ``w`` is the detached behaviour weight ``pi_prox / mu`` (token level,
+    or ``exp(sum_t log(pi_prox / mu))`` per sequence with ``tis_level="sequence"``),
+    truncated at ``tis_cap`` when it is set, untruncated otherwise. ``prox_logp_BxC`` is a
+    constant. With ``prox_logp = behaviour_logp`` this is exactly the loss without it.
+
+    Gradients flow only into ``logp_BxC``; behaviour/ref/prox log-probs and advantages are
+    constants. ``denom`` is the aggregation normaliser (``agg_denominator``; None: this batch's
+    own). A micro-batch given the whole batch's ``denom`` returns its share of the batch loss
+    (and of ``pg_loss`` / ``kl_ref``); its other stats are of its own rows.
 
     Stats (python floats): ``pg_loss`` (the policy-gradient part of the loss), ``clip_frac``
     (valid tokens whose gradient the clip zeroes: ``clip_frac_low`` = ratio < 1 - eps_low with
-    A < 0, plus ``clip_frac_high`` = ratio > 1 + eps_high with A > 0), ``ratio_mean`` /
-    ``ratio_min`` / ``ratio_max`` (1.0 if there are no valid tokens), ``approx_kl`` (token mean of
-    ``(ratio - 1) - log(ratio)``, the k3 estimate of KL(behaviour || current)), when
-    ``kl_coef > 0``, ``kl_ref`` (the aggregated k3 term, so loss = pg_loss + kl_coef * kl_ref)
-    and, when ``tis_cap`` is set, ``tis_weight_mean`` / ``tis_weight_min`` / ``tis_weight_max``
-    and ``tis_capped_frac`` (valid tokens whose weight was truncated at the cap).
+    A < 0, plus ``clip_frac_high`` = ratio > 1 + eps_high with A > 0; the ratio is ``u`` under
+    decoupled PPO), ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (of pi_theta / mu; 1.0 if
+    there are no valid tokens), ``approx_kl`` (token mean of ``(ratio - 1) - log(ratio)``, the
+    k3 estimate of KL(behaviour || current)), when ``kl_coef > 0``, ``kl_ref`` (the aggregated
+    k3 term, so loss = pg_loss + kl_coef * kl_ref) and, when ``tis_cap`` is set or under
+    decoupled PPO, ``tis_weight_mean`` / ``tis_weight_min`` / ``tis_weight_max`` and
+    ``tis_capped_frac`` (valid tokens whose weight was truncated at the cap).
     """
-    if logp_BxC.shape != behaviour_logp_BxC.shape or logp_BxC.shape != mask_BxC.shape:
-        raise ValueError(
-            f"shape mismatch: logp {tuple(logp_BxC.shape)}, behaviour_logp "
-            f"{tuple(behaviour_logp_BxC.shape)}, mask {tuple(mask_BxC.shape)}"
-        )
-    if advantage_B.shape != logp_BxC.shape[:1]:
-        raise ValueError(
-            f"advantage_B {tuple(advantage_B.shape)} must be (B,) with B={logp_BxC.shape[0]}"
-        )
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip eps must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-    if kl_coef > 0 and ref_logp_BxC is None:
-        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp_BxC (reference-policy log-probs)")
     if tis_level not in TIS_LEVELS:
         raise ValueError(f"unknown tis level {tis_level!r}; valid levels are {TIS_LEVELS}")
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"tis cap must be > 0, got {tis_cap}")
-
-    mask_BxC = mask_BxC.bool()
-    zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
-    # Replace padding BEFORE any arithmetic: exp(garbage) = inf would turn into 0 * inf = nan
-    # in the backward pass even if the forward masked it out afterwards.
-    logp_BxC = torch.where(mask_BxC, logp_BxC.float(), zero)
-    behaviour_BxC = torch.where(mask_BxC, behaviour_logp_BxC.detach().float(), zero)
-    adv_Bx1 = advantage_B.detach().float().unsqueeze(1)
-
+    if prox_logp_BxC is not None and prox_logp_BxC.shape != logp_BxC.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp_BxC.shape)}, prox_logp {tuple(prox_logp_BxC.shape)}"
+        )
+    mask_BxC, logp_BxC, behaviour_BxC, adv_Bx1 = prepare(
+        logp_BxC, behaviour_logp_BxC, advantage_B, mask_BxC, kl_coef, ref_logp_BxC
+    )
     log_ratio_BxC = logp_BxC - behaviour_BxC
-    ratio_BxC = torch.exp(log_ratio_BxC)
-    unclipped_BxC = ratio_BxC * adv_Bx1
-    clipped_BxC = torch.clamp(ratio_BxC, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
+    weighted = tis_cap is not None or prox_logp_BxC is not None
+    if prox_logp_BxC is None:
+        anchor_BxC = behaviour_BxC
+        if tis_cap is not None:
+            w_BxC, trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
+    else:
+        zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
+        anchor_BxC = torch.where(mask_BxC, prox_logp_BxC.detach().float(), zero)
+        cap = math.inf if tis_cap is None else tis_cap
+        w_BxC, trunc_BxC = tis_weight(anchor_BxC - behaviour_BxC, mask_BxC, cap, tis_level)
+    clip_ratio_BxC = torch.exp(logp_BxC - anchor_BxC)
+    unclipped_BxC = clip_ratio_BxC * adv_Bx1
+    clipped_BxC = torch.clamp(clip_ratio_BxC, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
     objective_BxC = torch.minimum(unclipped_BxC, clipped_BxC)
-    if tis_cap is not None:
-        tis_w_BxC, tis_trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
-        objective_BxC = objective_BxC * tis_w_BxC
+    if weighted:
+        objective_BxC = objective_BxC * w_BxC
     pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len, denom)
     loss, kl_ref = with_kl_penalty(
         pg_loss, logp_BxC, ref_logp_BxC, mask_BxC, kl_coef, agg, norm_len, denom
     )
 
     with torch.no_grad():
-        ratio = ratio_BxC.detach()
-        low_BxC, high_BxC = clipped_tokens(ratio, adv_Bx1, eps_low, eps_high)
+        low_BxC, high_BxC = clipped_tokens(clip_ratio_BxC.detach(), adv_Bx1, eps_low, eps_high)
         low_BxC, high_BxC = low_BxC & mask_BxC, high_BxC & mask_BxC
         values = {
             "pg_loss": pg_loss.detach(),
@@ -353,15 +407,8 @@ def grpo_loss(
         }
         if kl_ref is not None:
             values["kl_ref"] = kl_ref.detach()
-        if tis_cap is not None:
-            w_min, w_max = _masked_min_max(tis_w_BxC, mask_BxC)
-            one = torch.ones((), dtype=torch.float32, device=ratio.device)
-            values["tis_weight_mean"] = torch.where(
-                mask_BxC.any(), masked_mean(tis_w_BxC, mask_BxC), one
-            )
-            values["tis_weight_min"] = w_min
-            values["tis_weight_max"] = w_max
-            values["tis_capped_frac"] = masked_mean(tis_trunc_BxC.float(), mask_BxC)
+        if weighted:
+            values.update(weight_stats(w_BxC, trunc_BxC, mask_BxC))
     return loss, stats_to_floats(values)
 
 
@@ -390,3 +437,26 @@ def stats_to_floats(values: dict[str, Tensor]) -> dict[str, float]:
     with torch.no_grad():
         floats = torch.stack([v.float() for v in values.values()]).tolist()
     return dict(zip(values, floats, strict=True))
+
+
+PROXIMAL_MODES = ("none", "recompute", "loglinear")
+
+
+def loglinear_proximal(logp_BxC: Tensor, behaviour_logp_BxC: Tensor, lag_B: Tensor) -> Tensor:
+    """AReaL's log-linear approximation of the proximal policy's log-probs (detached):
+    ``log pi_prox = log mu + alpha (log pi_theta - log mu)`` with
+    ``alpha = (v_prox - v_mu) / (v_theta - v_mu)`` (AReaL ``prox_logp_method=loglinear``,
+    docs/algorithms/prox_approx.md).
+
+    Our reading of the versions: at step s the weights before the update are version s (the
+    proximal policy, one step behind the policy being optimised), the update moves them to
+    s + 1 (``v_theta``), and a rollout of version v has lag ``L = s - v``. So
+    ``alpha = L / (L + 1)``: a fresh rollout (L = 0) gets ``pi_prox = mu`` (plain GRPO), a
+    stale one a proximal policy that is the geometric interpolation ``L / (L + 1)`` of the way
+    from mu to pi_theta, so the clip ratio ``pi_theta / pi_prox = r^(1 / (L + 1))`` and the
+    behaviour weight ``pi_prox / mu = r^(L / (L + 1))``.
+    """
+    lag = lag_B.detach().to(logp_BxC.device).float().clamp(min=0)
+    alpha_Bx1 = (lag / (lag + 1.0)).unsqueeze(1)
+    mu = behaviour_logp_BxC.detach().float()
+    return mu + alpha_Bx1 * (logp_BxC.detach().float() - mu)

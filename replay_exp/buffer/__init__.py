@@ -38,6 +38,8 @@ BUFFERS: dict[str, type[Eviction]] = {
     "positive_bias": PositiveBias,  # the freshest (1-delta)N + the freshest delta*N correct
     "priority": Priority,  # the N of highest buffer.priority, ties: newer kept
 }
+# Values of buffer.staleness_policy (with buffer.max_staleness).
+STALENESS_POLICIES = ("drop", "wait")
 
 
 def as_spec(bcfg, **overrides) -> BufferConfig:
@@ -105,6 +107,15 @@ def check_buffer_config(b) -> str | None:
         return f"buffer.recency_tau={b.recency_tau} must be > 0"
     if not (math.isfinite(b.priority_alpha) and b.priority_alpha >= 0):
         return f"buffer.priority_alpha={b.priority_alpha} must be finite and >= 0"
+    if b.max_staleness is not None and b.max_staleness < 0:
+        return f"buffer.max_staleness={b.max_staleness} must be >= 0 (null = admit everything)"
+    if b.staleness_policy not in STALENESS_POLICIES:
+        return (
+            f"buffer.staleness_policy={b.staleness_policy} is unknown; choose one of "
+            f"{list(STALENESS_POLICIES)}"
+        )
+    if b.staleness_policy == "wait" and b.max_staleness is None:
+        return "buffer.staleness_policy=wait needs buffer.max_staleness=k (versions)"
     return None
 
 

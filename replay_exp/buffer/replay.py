@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from replay_exp.buffer.base import EmptyBufferError, Eviction, ReplayBuffer
 from replay_exp.buffer.priority import PRIORITIES
@@ -35,6 +36,7 @@ COUNTERS = (
     "evicted_unused_total",  # ... of which never sampled
     "retired_total",  # removed after their buffer.max_reuse-th use (on_policy: consumed)
     "sampled_total",
+    "dropped_stale_total",  # refused on arrival: more than buffer.max_staleness versions old
 )
 
 
@@ -59,8 +61,14 @@ class PolicyBuffer(ReplayBuffer):
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.tele = Telemetry()
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.max_staleness = spec.max_staleness
 
     def add(self, rollouts: RolloutBatch, step: int) -> None:
+        if self.max_staleness is not None:  # admission: refuse (and count) over-stale rows
+            fresh = (step - rollouts.version_B) <= self.max_staleness
+            if not bool(fresh.all()):
+                self.counters["dropped_stale_total"] += int((~fresh).sum())
+                rollouts = rollouts.index(torch.nonzero(fresh).flatten())
         slots = self.store.append(rollouts, self.priority_fn(rollouts))
         self.counters["added_total"] += len(slots)
         self.sampler.on_add(slots, step)
@@ -107,6 +115,11 @@ class PolicyBuffer(ReplayBuffer):
     def __len__(self) -> int:
         return len(self.store)
 
+    def newest_version(self) -> int:
+        """The policy version of the newest stored rollout (-1 if empty). O(N)."""
+        versions = self.store.live_values("version")
+        return int(versions.max()) if len(versions) else -1
+
     def stats(self) -> dict[str, float]:
         return collect_stats([self])
 
@@ -141,7 +154,7 @@ class PolicyBuffer(ReplayBuffer):
         self.eviction.load_state_dict(state["eviction"])
         self.sampler.load_state_dict(state["sampler"])
         self.tele.load_state_dict(state["telemetry"])
-        self.counters = {k: int(state["counters"][k]) for k in COUNTERS}
+        self.counters = {k: int(state["counters"].get(k, 0)) for k in COUNTERS}
         self.rng.bit_generator.state = state["rng"]
 
 

@@ -59,6 +59,9 @@ class ShardedBuffer(ReplayBuffer):
     def __len__(self) -> int:
         return sum(len(b) for b in self.shards)
 
+    def newest_version(self) -> int:
+        return max(b.newest_version() for b in self.shards)
+
     def stats(self) -> dict[str, float]:
         return collect_stats(self.shards)
 

@@ -32,9 +32,11 @@ _ROW_FIELDS: dict[str, type] = {
     "prompt_ids": np.int32,  # [S, P] left-padded (real tokens in the last prompt_len cols)
     "completion_ids": np.int32,  # [S, C] right-padded
     "behaviour_logp": np.float32,  # [S, C]
+    "engine_gap": np.float32,  # [S, C]
     "prompt_len": np.int32,
     "completion_len": np.int32,
     "reward": np.float32,
+    "group_reward": np.float32,
     "advantage": np.float32,
     "priority": np.float32,  # buffer.priority of the row, computed when it was added
     "version": np.int64,
@@ -45,7 +47,7 @@ _ROW_FIELDS: dict[str, type] = {
     "uses": np.int64,  # times sampled so far
     "last_used_step": np.int64,  # -1 if never sampled
 }
-_WIDE = {"prompt_ids": "P", "completion_ids": "C", "behaviour_logp": "C"}
+_WIDE = {"prompt_ids": "P", "completion_ids": "C", "behaviour_logp": "C", "engine_gap": "C"}
 
 
 def to_tensor(a: np.ndarray) -> torch.Tensor:
@@ -368,16 +370,20 @@ class RolloutStore:
         q = min(c, self.C)
         completion = np.zeros((R, self.C), dtype=np.int32)
         logp = np.zeros((R, self.C), dtype=np.float32)
+        gap = np.zeros((R, self.C), dtype=np.float32)
         if q:
             completion[:, :q] = cids[:, :q]
             logp[:, :q] = np_(b.behaviour_logp_BxC.float())[:, :q]
+            gap[:, :q] = np_(b.engine_gap_BxC.float())[:, :q]
         return {
             "prompt_ids": prompt,
             "completion_ids": completion,
             "behaviour_logp": logp,
+            "engine_gap": gap,
             "prompt_len": pl,
             "completion_len": cl,
             "reward": np_(b.reward_B.float()),
+            "group_reward": np_(b.group_reward_B.float()),
             "advantage": np_(b.advantage_B.float()),
             "version": np_(b.version_B),
             "created_step": np_(b.created_step_B),
@@ -408,6 +414,8 @@ class RolloutStore:
             created_step_B=t(r["created_step"][slots]),
             group_id_B=t(r["group_id"][slots]),
             uid_B=t(r["uid"][slots]),
+            group_reward_B=t(r["group_reward"][slots]),
+            engine_gap_BxC=t(r["engine_gap"][slots, :wc]),
         )
 
     def record_use(self, slots: np.ndarray, step: int) -> None:

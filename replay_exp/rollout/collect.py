@@ -88,6 +88,7 @@ def generate_rollouts(
     gen = generator.generate(ids_BxP, mask_BxP, params, seed)
     reward_B = score(tokenizer, task, repeated, gen)
     B = len(repeated)
+    group_reward_B = reward_B.view(-1, group_size).mean(dim=1).repeat_interleave(group_size)
     return RolloutBatch(
         prompt_ids_BxP=ids_BxP,
         prompt_mask_BxP=mask_BxP,
@@ -100,19 +101,21 @@ def generate_rollouts(
         created_step_B=torch.full((B,), step, dtype=torch.long),
         group_id_B=first_group + torch.arange(B) // group_size,
         uid_B=first_uid + torch.arange(B),
+        group_reward_B=group_reward_B,
+        engine_gap_BxC=torch.zeros(gen.behaviour_logp_BxC.shape),
     )
 
 
 @torch.no_grad()
-def recompute_behaviour_logp(
+def trainer_logprobs(
     policy: torch.nn.Module,
     batch: RolloutBatch,
     temperature: float,
     micro_batch_size: int | None = None,
-) -> tuple[RolloutBatch, dict[str, float]]:
-    """``generation.behaviour_logp=trainer``: the behaviour log-probs of ``batch`` recomputed by
-    the trainer's forward (valid when the trainer holds the generator's weights), and how far
-    the generator's own were from them: mean / max |difference| over valid tokens."""
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The trainer's log-probs of ``batch``'s completions (valid as the generating policy's when
+    the trainer holds the generator's weights; 0 on padding), and how far the stored engine
+    log-probs are from them: mean / max |difference| over valid tokens."""
     was_training = policy.training
     policy.eval()
     logp_BxC, _ = policy_logprobs(policy, batch, temperature, micro_batch_size=micro_batch_size)
@@ -124,4 +127,26 @@ def recompute_behaviour_logp(
         "behaviour_logp_absdiff_mean": float(diff.mean()) if diff.numel() else 0.0,
         "behaviour_logp_absdiff_max": float(diff.max()) if diff.numel() else 0.0,
     }
-    return dataclasses.replace(batch, behaviour_logp_BxC=logp_BxC), stats
+    return logp_BxC, stats
+
+
+def with_trainer_logp(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    source: str,
+    micro_batch_size: int | None = None,
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """The trainer's log-probs at the generating weights, used as ``source`` says:
+
+    - ``"behaviour"`` (``generation.behaviour_logp=trainer``): they replace the engine's as the
+      stored behaviour log-probs (the engine mismatch is then 0 by construction);
+    - ``"gap"`` (``generation.store_trainer_logp=true``): the engine's stay the behaviour
+      log-probs and ``engine_gap_BxC = trainer - engine`` is stored beside them, so the
+      trainer can split its ratio into engine mismatch and staleness.
+    """
+    logp_BxC, stats = trainer_logprobs(policy, batch, temperature, micro_batch_size)
+    if source == "behaviour":
+        return dataclasses.replace(batch, behaviour_logp_BxC=logp_BxC), stats
+    gap_BxC = (logp_BxC - batch.behaviour_logp_BxC).masked_fill(~batch.completion_mask_BxC, 0.0)
+    return dataclasses.replace(batch, engine_gap_BxC=gap_BxC), stats

@@ -13,7 +13,8 @@ from replay_exp.compute import Ledger
 
 # Ledger fields that add up over trainer ranks (the rest: steps and the fixed sizes).
 ADDITIVE = ("rollouts", "samples_trained", "gen_tokens", "train_tokens", "sample_units",
-            "flops_gen", "flops_train", "seconds_gen", "seconds_train")  # fmt: skip
+            "flops_gen", "flops_train", "seconds_gen", "seconds_train", "extra_forwards",
+            "reward_gen_sum", "pass_gen_sum", "reward_train_sum", "pass_train_sum")  # fmt: skip
 
 
 def buffer_views(buffer) -> list[BufferView]:
@@ -33,9 +34,10 @@ def merged_ledger(base: Ledger, states: list[dict]) -> Ledger:
 
 def account(ended: dict[str, Any]) -> dict[str, Any]:
     """Every rollout generated is trained on, still buffered, or gone: the rollouts the
-    generators say they sent = received by the trainers = added to the buffer (shards) =
-    stored + evicted + retired. ``ended``: ``sent`` and ``received`` (counts), ``buffers``
-    (views of every shard) and ``dead`` (generator indices that died)."""
+    generators say they sent = received by the trainers = added to the buffer (shards) +
+    refused as over-stale (``buffer.max_staleness``), and added = stored + evicted +
+    retired. ``ended``: ``sent`` and ``received`` (counts), ``buffers`` (views of every
+    shard) and ``dead`` (generator indices that died)."""
     views = ended["buffers"]
     c = {k: sum(v.counters[k] for v in views) for k in COUNTERS}
     stored = sum(len(v.uses) for v in views)
@@ -49,11 +51,10 @@ def account(ended: dict[str, Any]) -> dict[str, Any]:
         "evicted_unused": c["evicted_unused_total"],
         "retired": c["retired_total"],
         "samples_trained": c["sampled_total"],
+        "dropped_stale": c["dropped_stale_total"],
         "dead_generators": sorted(ended["dead"]),
-        "balanced": sent
-        == received
-        == c["added_total"]
-        == stored + c["evicted_total"] + c["retired_total"],
+        "balanced": sent == received == c["added_total"] + c["dropped_stale_total"]
+        and c["added_total"] == stored + c["evicted_total"] + c["retired_total"],
     }
 
 

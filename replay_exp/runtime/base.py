@@ -36,6 +36,9 @@ class Runtime(Protocol):
     # (step, first_eval, last_eval) of the snapshot every component was restored from; None
     # for a fresh run.
     resumed: tuple[int, dict | None, dict] | None
+    # Whether ``take(step, wait=True)`` blocks for deliveries (the generator ranks of
+    # runtime=distributed); in process the arrivals of a step are fixed, nothing to wait for.
+    can_wait: bool
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         """The rollouts that arrived for ``step`` (``wait``: the buffer is empty, so return

@@ -26,7 +26,7 @@ import torch
 from replay_exp.checkpoint import read_snapshot
 from replay_exp.models import load_policy
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
-from replay_exp.rollout.collect import generate_rollouts, prompt_lengths
+from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, with_trainer_logp
 from replay_exp.runtime.channels import (
     STOP,
     Heartbeat,
@@ -101,6 +101,10 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
             first_uid=first_group * G, first_group=first_group,
             normalize_std=a.adv_normalize_std, chat=chat,
         )  # fmt: skip
+        if cfg.generation.store_trainer_logp:  # the engine mismatch, at the generating weights
+            fresh, _ = with_trainer_logp(
+                policy, fresh, cfg.generation.temperature, "gap", a.micro_batch_size
+            )
         seconds = time.perf_counter() - t0
         counters["gen_seconds"] += seconds
         for t, part in split_by_trainer(fresh, T):

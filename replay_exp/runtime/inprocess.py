@@ -19,7 +19,7 @@ import numpy as np
 
 from replay_exp.checkpoint import Checkpointer, GeneratorState, RNGState, Snapshot
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
-from replay_exp.rollout.collect import generate_rollouts, recompute_behaviour_logp
+from replay_exp.rollout.collect import generate_rollouts, with_trainer_logp
 from replay_exp.runtime.accounting import buffer_views, runtime_metrics
 from replay_exp.runtime.base import Arrival
 from replay_exp.schedule import Every, WeightHistory, derive_seed, make_arrivals
@@ -73,6 +73,7 @@ class InProcess:
             sync_files=[run_dir / name for name in LOG_FILES],
         )
         self.resumed = None
+        self.can_wait = False
         if snapshot is not None:
             state = self.snapshots.restore(snapshot)
             self.resumed = (snapshot.step, state["first_eval"], state["last_eval"])
@@ -80,7 +81,8 @@ class InProcess:
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         """Sync the generator if due, then generate the step's groups (scored, advantages
-        frozen; under ``generation.behaviour_logp=trainer`` the trainer's log-probs)."""
+        frozen; under ``generation.behaviour_logp=trainer`` the trainer's log-probs, under
+        ``generation.store_trainer_logp`` the engine mismatch beside the engine's)."""
         cfg, p, a, gen = self.cfg, self.p, self.cfg.algo, self.generator
         if self.sync(step) and not (self.share and gen.version == step):
             gen.sync_weights(*reversed(self.history.weights_for(step, p.plain)))
@@ -98,10 +100,11 @@ class InProcess:
             first_uid=first_group * a.group_size, first_group=first_group,
             normalize_std=a.adv_normalize_std, chat=p.chat,
         )  # fmt: skip
-        stats = {}
-        if cfg.generation.behaviour_logp == "trainer":  # the trainer's log-probs replace them
-            fresh, stats = recompute_behaviour_logp(
-                p.plain, fresh, cfg.generation.temperature, a.micro_batch_size
+        stats, g = {}, cfg.generation
+        if g.behaviour_logp == "trainer" or g.store_trainer_logp:  # the generating weights'
+            source = "behaviour" if g.behaviour_logp == "trainer" else "gap"
+            fresh, stats = with_trainer_logp(
+                p.plain, fresh, g.temperature, source, a.micro_batch_size
             )
         return [Arrival(fresh, time.perf_counter() - t0, stats)]
 

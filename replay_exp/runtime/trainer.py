@@ -157,6 +157,7 @@ class TrainerRank:
         self.newest = dict.fromkeys(self.generators, -1)
         self.wait_seconds, self.replica_checks, self.dead, self.stopping = 0.0, 0, [], False
         self.resumed = None
+        self.can_wait = True
         if snap is not None:  # the policy was loaded before wrapping (build_parts)
             st = snap.trainer["runtime"]
             parts.buffer.load_state_dict(snap.states["buffers"][rank])

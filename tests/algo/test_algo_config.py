@@ -16,7 +16,34 @@ from replay_exp.update import policy_logprobs, policy_update
 # ---------------------------------------------------------------- resolve()
 
 BAD_ALGO = [
-    (["algo.name=ppo"], "algo.name=ppo is unknown; choose one of ['asymre', 'grpo']"),
+    (
+        ["algo.name=ppo"],
+        "algo.name=ppo is unknown; choose one of "
+        "['asymre', 'cispo', 'grpo', 'gspo', 'm2po', 'topr']",
+    ),
+    (
+        ["algo.mask=tis"],
+        "algo.mask=tis is unknown; choose one of "
+        "['none', 'icepop', 'seq_mis', 'geometric', 'opsm']",
+    ),
+    (
+        ["algo=cispo", "algo.mask_low=1.5"],
+        "algo.mask_low=1.5, algo.mask_high=5.0: need 0 < mask_low <= 1 <= mask_high (an "
+        "on-policy token, r = 1, is always kept)",
+    ),
+    (["algo=gspo", "algo.mask_geo_delta=0"], "algo.mask_geo_delta=0.0 must be in (0, 1)"),
+    (["algo.mask_opsm_delta=-1"], "algo.mask_opsm_delta=-1.0 must be >= 0"),
+    (
+        ["algo.proximal=exact"],
+        "algo.proximal=exact is unknown; choose one of ['none', 'recompute', 'loglinear']",
+    ),
+    (["algo=cispo", "algo.eps_low=1.5"], "algo.eps_low=1.5 must be in [0, 1] for algo=cispo"),
+    (["algo=gspo", "algo.eps_low=1.0"], "algo.eps_low=1.0 must be in [0, 1)"),
+    (
+        ["algo=m2po", "algo.m2_threshold=0"],
+        "algo.m2_threshold=0.0 must be > 0 (the budget on mean (log r)^2)",
+    ),
+    (["algo=topr", "algo.topr_baseline=inf"], "algo.topr_baseline=inf must be finite"),
     (["algo.tis_cap=0"], "algo.tis_cap=0.0 must be > 0 (or null for no truncated IS)"),
     (["algo.tis_cap=-1.5"], "algo.tis_cap=-1.5 must be > 0 (or null for no truncated IS)"),
     (["algo.tis_level=seq"], "algo.tis_level=seq is unknown; choose one of ['sequence', 'token']"),
@@ -43,11 +70,17 @@ def test_bad_algo_config(overrides, message, tmp_path, monkeypatch):
         ["algo=asymre", "algo.kl_coef=0.05", "algo.asymre_dv=0"],  # KL allowed with AsymRE
         ["algo.tis_cap=2", "algo.tis_level=sequence"],
         ["algo.tis_cap=1.5"],
+        ["algo=cispo", "algo.mask=icepop"],
+        ["algo=gspo", "algo.mask=seq_mis"],
+        ["algo.mask=geometric", "algo.proximal=loglinear", "algo.tis_cap=2"],
+        ["algo.mask=opsm", "algo.proximal=recompute"],
+        ["algo=m2po", "algo.m2_threshold=0.1"],
+        ["algo=topr", "algo.topr_baseline=0"],
     ],
 )
 def test_good_algo_config(overrides):
     cfg, _ = resolve(compose(overrides))
-    assert cfg.algo.name in ("asymre", "grpo")
+    assert cfg.algo.name in ("asymre", "cispo", "grpo", "gspo", "m2po", "topr")
 
 
 def test_asymre_and_grpo_share_their_base_and_own_their_knobs():
@@ -59,9 +92,20 @@ def test_asymre_and_grpo_share_their_base_and_own_their_knobs():
     assert g.tis_cap is None and g.tis_level == "token"
     shared = set(a) & set(g)
     assert {k for k in shared if g[k] != a[k]} == {"name", "adv_normalize_std"}
-    assert set(a) - shared == {"asymre_dv"} and set(g) - shared == {"tis_cap", "tis_level"}
+    masks = {"mask", "mask_low", "mask_high", "mask_geo_delta", "mask_opsm_delta"}
+    assert set(a) - shared == {"asymre_dv"}
+    assert set(g) - shared == {"tis_cap", "tis_level", "proximal", *masks}
     with pytest.raises(ConfigCompositionException, match="tis_cap"):
         compose(["algo=asymre", "algo.tis_cap=2"])  # no importance ratio, so no TIS
+    # Each correction owns its knobs: a mask on a loss it does not apply to is refused.
+    for option, key in [("m2po", "mask"), ("topr", "mask"), ("cispo", "proximal"),
+                        ("asymre", "mask"), ("grpo", "m2_threshold")]:  # fmt: skip
+        with pytest.raises(ConfigCompositionException, match=key):
+            compose([f"algo={option}", f"algo.{key}=none"])
+    for option, own in [("cispo", masks), ("gspo", masks), ("m2po", {"m2_threshold"}),
+                        ("topr", {"topr_baseline"})]:  # fmt: skip
+        c = resolve(compose([f"algo={option}"]))[0].algo
+        assert set(c) - set(a) == own and c.name == option
 
 
 # ---------------------------------------------------------------- update dispatch

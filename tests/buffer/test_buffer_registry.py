@@ -144,6 +144,7 @@ def test_load_rejects_other_sizes_and_policies():
 STATS_KEYS = {
     "size", "capacity", "uses_mean", "uses_max", "frac_never_used", "frac_correct",
     "added_total", "evicted_total", "evicted_unused_total", "retired_total", "sampled_total",
+    "dropped_stale_total",
     "batch_size", "batch_frac_fresh", "batch_frac_first_use",
     *(f"batch_{s}_{m}" for s in ("age", "version_lag", "prev_uses", "since_last_use")
       for m in ("mean", "max", "p50", "p90")),

@@ -98,8 +98,9 @@ def test_lazy_growth_by_doubling(make_rollouts):
     assert len(store) == 100
     assert sizes == [16, 32, 32, 64, 64, 64, 128, 128, 128, 128]
     nbytes = sum(v.nbytes for v in store.rows.values())
-    # 128 rows x (ids + log-probs, 4 bytes each, + 5 x 4 + 7 x 8 bytes of metadata): ~1.3 MB
-    assert nbytes == 128 * ((512 + 2 * 1024) * 4 + 76)
+    # 128 rows x (ids + log-probs + engine gaps, 4 bytes each, + 6 x 4 + 7 x 8 bytes of
+    # metadata): ~1.9 MB
+    assert nbytes == 128 * ((512 + 3 * 1024) * 4 + 80)
 
 
 def test_growth_is_capped_at_capacity_plus_one_add(make_rollouts):

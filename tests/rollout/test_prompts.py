@@ -13,8 +13,8 @@ from replay_exp.rollout import HFGenerator, SamplingParams
 from replay_exp.rollout.collect import (
     generate_rollouts,
     prompt_lengths,
-    recompute_behaviour_logp,
     tokenize_prompts,
+    with_trainer_logp,
 )
 from replay_exp.tasks import Problem
 from replay_exp.tasks.arithmetic import ArithmeticTask
@@ -62,7 +62,7 @@ def test_trainer_recompute_replaces_and_measures_the_behaviour_logp():
         gen, tok, task, problems, 4, SamplingParams(1.0, 1.0, 3), seed=0, step=0,
         first_uid=0, first_group=0,
     )  # fmt: skip
-    new, stats = recompute_behaviour_logp(policy, batch, 1.0, micro_batch_size=3)
+    new, stats = with_trainer_logp(policy, batch, 1.0, "behaviour", micro_batch_size=3)
     expected, _ = policy_logprobs(policy, batch)
     mask = batch.completion_mask_BxC
     assert torch.allclose(new.behaviour_logp_BxC[mask], expected[mask], atol=1e-6)
@@ -70,3 +70,15 @@ def test_trainer_recompute_replaces_and_measures_the_behaviour_logp():
     # The sampler's cached decode and the trainer's forward agree to float rounding.
     assert 0 <= stats["behaviour_logp_absdiff_mean"] <= stats["behaviour_logp_absdiff_max"] < 1e-4
     assert torch.equal(new.completion_ids_BxC, batch.completion_ids_BxC)
+    assert torch.equal(new.engine_gap_BxC, batch.engine_gap_BxC)  # 0: nothing measured
+    # store_trainer_logp: the engine's log-probs stay; the gap to the trainer's is stored.
+    gapped, _ = with_trainer_logp(policy, batch, 1.0, "gap", micro_batch_size=3)
+    assert torch.equal(gapped.behaviour_logp_BxC, batch.behaviour_logp_BxC)
+    assert torch.allclose(
+        gapped.engine_gap_BxC[mask], expected[mask] - batch.behaviour_logp_BxC[mask], atol=1e-6
+    )
+    assert (gapped.engine_gap_BxC[~mask] == 0).all()
+    # The group's mean reward, the same for its G = 4 rows.
+    for g in range(2):
+        rows = slice(4 * g, 4 * g + 4)
+        assert torch.allclose(batch.group_reward_B[rows], batch.reward_B[rows].mean().expand(4))

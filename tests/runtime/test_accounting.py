@@ -48,8 +48,9 @@ def test_merged_ledger_without_a_fixed_step_charge_normalises_the_sum():
     assert merged_ledger(a, [dataclasses.asdict(a), dataclasses.asdict(b)]).paper_units == 3.0
 
 
-def _view(uses, added, evicted, unused, retired, sampled) -> BufferView:
-    counters = dict(zip(COUNTERS, (added, evicted, unused, retired, sampled), strict=True))
+def _view(uses, added, evicted, unused, retired, sampled, dropped=0) -> BufferView:
+    values = (added, evicted, unused, retired, sampled, dropped)
+    counters = dict(zip(COUNTERS, values, strict=True))
     return BufferView(np.array(uses), np.zeros(len(uses)), 8, counters, Telemetry())
 
 
@@ -60,14 +61,20 @@ def test_account_balances_sent_received_added_and_what_became_of_them():
     got = account({"buffers": views, "sent": 16, "received": 16, "dead": []})
     assert got == {
         "generated": 16, "received": 16, "added": 16, "buffered": 7, "evicted": 7,
-        "evicted_unused": 2, "retired": 2, "samples_trained": 16, "dead_generators": [],
-        "balanced": True,
+        "evicted_unused": 2, "retired": 2, "samples_trained": 16, "dropped_stale": 0,
+        "dead_generators": [], "balanced": True,
     }  # fmt: skip
     # One rollout lost on the way (sent 17, received 16): not balanced.
     assert not account({"buffers": views, "sent": 17, "received": 16, "dead": [0]})["balanced"]
     # A shard that lost track of one (added 10, but 3 + 4 + 2 = 9 accounted): not balanced.
     short = [_view([1, 0, 2], 10, 4, 2, 2, 9), views[1]]
     assert not account({"buffers": short, "sent": 16, "received": 16, "dead": []})["balanced"]
+    # buffer.max_staleness refused 3 of 19 received: 19 = 16 added + 3 dropped, balanced.
+    stale = [_view([1, 0, 2], 10, 5, 2, 2, 9, dropped=3), views[1]]
+    got = account({"buffers": stale, "sent": 19, "received": 19, "dead": []})
+    assert got["balanced"] and got["dropped_stale"] == 3 and got["added"] == 16
+    # Received 16, but 16 added + 3 refused = 19: one count is wrong, not balanced.
+    assert not account({"buffers": stale, "sent": 16, "received": 16, "dead": []})["balanced"]
 
 
 @dataclasses.dataclass
