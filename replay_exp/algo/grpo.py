@@ -342,8 +342,10 @@ def grpo_loss(
     policy instead of the behaviour policy, ``u = exp(logp - prox_logp)`` replaces ``ratio``
     inside the min, and ``w`` is the detached behaviour weight ``pi_prox / mu`` (token level,
     or ``exp(sum_t log(pi_prox / mu))`` per sequence with ``tis_level="sequence"``),
-    truncated at ``tis_cap`` when it is set, untruncated otherwise. ``prox_logp_BxC`` is a
-    constant. With ``prox_logp = behaviour_logp`` this is exactly the loss without it.
+    truncated at ``tis_cap`` when it is set, untruncated otherwise (so under decoupled PPO
+    ``tis_cap`` caps ``pi_prox / mu``, not ``pi_theta / mu``). ``prox_logp_BxC`` is a constant.
+    With ``prox_logp = behaviour_logp`` the weight is 1 (or ``min(1, tis_cap)``) and this is
+    exactly plain GRPO without TIS.
 
     Gradients flow only into ``logp_BxC``; behaviour/ref/prox log-probs and advantages are
     constants. ``denom`` is the aggregation normaliser (``agg_denominator``; None: this batch's

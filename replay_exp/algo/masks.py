@@ -2,10 +2,13 @@
 
 A mask is orthogonal to the loss: it returns a detached bool ``keep_BxC`` and the loss is then
 called with ``mask_BxC & keep_BxC`` and the WHOLE batch's normaliser ``denom`` (computed from the
-unmasked ``mask_BxC``). A masked token is therefore removed from the loss as if it were padding,
-and still counts in the normaliser: under ``token_mean`` it is a zero term, so masking lowers
-the weight of the batch, it never re-weights the tokens that remain. Because ``denom`` is
-fixed, a micro-batch of rows gets exactly its share of the masked batch loss.
+unmasked ``mask_BxC``). A masked token is therefore removed from the loss as if it were padding
+(its KL penalty term too), and still counts in the normaliser: under ``token_mean`` (and
+``seq_sum_norm``) it is a zero term, so masking lowers the weight of the batch and never
+re-weights the tokens that remain. Under ``seq_mean`` a partly masked row is averaged over its
+kept tokens (each weighs 1 / (kept * rows) instead of 1 / (n_i * rows)); a fully masked row is
+a zero that still counts among the rows. Because ``denom`` is fixed, a micro-batch of rows gets
+exactly its share of the masked batch loss.
 
 Notation: ``log r_t = log pi_theta(y_t) - log mu(y_t)`` per valid token (``mu``: the behaviour
 policy whose log-probs are stored with the rollout), ``n_i`` the number of valid tokens of row

@@ -189,7 +189,8 @@ def test_gspo_seq_ratio_stats_skip_empty_rows():
 # ================================================================ TOPR
 # baseline b = 0.5, rewards [1, 0, 0] -> c = [+0.5, -0.5, -0.5]; per token coef * logp with
 # coef = c if c > 0 else sg(clip(W, 0, 1)) * c, W = exp(L) (row's sum of log r).
-#   row 0 (c > 0): logp [-0.5, -1.5], log r [0.3, 0.2] (W = e^0.5 is ignored): coef 0.5
+#   row 0 (c > 0): logp [-0.5, -1.5], log r [-0.3, 0.1] (W = e^-0.2 = 0.818731 < 1 is NOT
+#     applied to a positive row): coef 0.5
 #     terms [-0.25, -0.75]
 #   row 1 (c < 0): logp [-1.0, -2.0], log r [-0.2, -0.3] -> W = e^-0.5 = 0.606531 (< 1, tapered)
 #     coef = -0.5 * 0.606531 = -0.303265; terms [0.303265, 0.606531]
@@ -199,7 +200,7 @@ def test_gspo_seq_ratio_stats_skip_empty_rows():
 #   grad = -coef/5 = [-0.1, -0.1 | 0.060653, 0.060653 | 0.1]
 # seq_mean: row means [-0.5, 0.454898, 1.5] -> loss -1.454898/3 = -0.484966
 TOPR_LOGP = [[-0.5, -1.5, 1e4], [-1.0, -2.0, NAN], [-3.0, -INF, NAN]]
-TOPR_BEH = [[-0.8, -1.7, NAN], [-0.8, -1.7, INF], [-3.4, 1e4, -INF]]
+TOPR_BEH = [[-0.2, -1.6, NAN], [-0.8, -1.7, INF], [-3.4, 1e4, -INF]]
 TOPR_REWARD = [1.0, 0.0, 0.0]
 MASK_221 = torch.tensor([[True, True, False], [True, True, False], [True, False, False]])
 TOPR_COEF = [0.5, -0.5 * E(-0.5), -0.5]

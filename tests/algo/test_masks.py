@@ -83,11 +83,12 @@ def test_expected_masks_differ_between_kinds():
 
 def test_none_keeps_exactly_the_mask():
     logp, beh = _batch()
-    int_mask = MASK.to(torch.uint8)
-    keep = correction_keep(logp, beh, ADV, int_mask, "none")
+    keep = correction_keep(logp, beh, ADV, MASK.to(torch.uint8), "none")
     assert keep.dtype == torch.bool and torch.equal(keep, MASK)
-    keep[0, 0] = False  # a copy, not a view of the caller's mask
-    assert int_mask[0, 0] == 1
+    mask = MASK.clone()
+    keep = correction_keep(logp, beh, ADV, mask, "none")
+    keep[0, 0] = False  # a copy, not the caller's mask
+    assert mask[0, 0]
 
 
 @pytest.mark.parametrize("kind", MASKS)
