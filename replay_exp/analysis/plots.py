@@ -208,3 +208,37 @@ def plot_telemetry(runs: pd.DataFrame, path: Path, names: Sequence[str] = tuple(
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[0].legend(fontsize=7)
     return _save(fig, data, path)
+
+
+def plot_composition(
+    curves: pd.DataFrame,
+    stats: dict[str, str],
+    path: Path,
+    x_label: str,
+    baseline: str | None = None,
+) -> list[Path]:
+    """What was trained on minus what was generated, over each evaluation interval, vs x: one
+    panel per stat (``stats``: name -> axis label), one line per configuration (seed mean, IQR
+    band over seeds; rows of :func:`replay_exp.analysis.composition.composition_curves`).
+    Above 0: the trained samples have more of it than the rollouts generated (e.g. a pass rate
+    above 0: hard problems are starved)."""
+    fig, axes = plt.subplots(1, len(stats), figsize=(4.6 * len(stats), 4.0), squeeze=False)
+    labels = list(dict.fromkeys(curves["label"]))
+    for ax, (stat, name) in zip(axes[0], stats.items(), strict=True):
+        i = 0
+        for label in labels:
+            g = curves[(curves["stat"] == stat) & (curves["label"] == label)]
+            style = _style(label, baseline, i)
+            i += label != baseline
+            if g.empty:
+                continue
+            n = int(g["n_runs"].iloc[0])
+            ax.plot(g["x"], g["mean"], marker="o", markersize=3, label=f"{label} (n={n})", **style)
+            ax.fill_between(g["x"], g["q25"], g["q75"], color=style["color"], alpha=0.15, lw=0)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set(xlabel=x_label, ylabel="trained - generated", title=name)
+        ax.grid(alpha=0.3)
+    if len(curves):
+        axes[0][0].legend(fontsize=8, title="mean, IQR over seeds", title_fontsize=8)
+    fig.suptitle("Trained vs generated data, per evaluation interval", fontsize=10)
+    return _save(fig, curves, path)

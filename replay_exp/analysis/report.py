@@ -5,10 +5,11 @@ Always: accuracy vs the chosen x, vs steps and vs wall-clock (seed mean, IQR ban
 per-run table (runs.csv) and the per-configuration table (targets.csv). When the sweep has them:
 Pareto envelopes (several configurations; one envelope per learning-rate family when the
 learning rate is swept), heatmaps of best accuracy and compute-to-98%-of-best over N x (W, T),
-pass@k gain over the baseline vs k, histograms of the buffer telemetry, and the theory curves
-for the sweep's mu. The baseline is the on-policy configuration (the best one if several, e.g.
-over learning rates); savings are measured at the accuracy it reaches (``--frac`` of its best
-seed-mean accuracy).
+pass@k gain over the baseline vs k, histograms of the buffer telemetry, the composition of the
+data trained on vs the data generated (``data/*`` keys: reward, length, pass rate), and the
+theory curves for the sweep's mu. The baseline is the on-policy configuration (the best one if
+several, e.g. over learning rates); savings are measured at the accuracy it reaches (``--frac``
+of its best seed-mean accuracy).
 
 One number per statistic: every point estimate is the statistic of the seed-mean curve
 (``replay_exp.analysis.curves``), and every interval is a percentile bootstrap centred on it
@@ -28,10 +29,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from replay_exp.analysis.composition import (
+    STATS,
+    composition_curves,
+    composition_final,
+    composition_runs,
+)
 from replay_exp.analysis.curves import X_AXES, aggregate, target_table, x_label
 from replay_exp.analysis.labels import config_label, split_label
 from replay_exp.analysis.loader import Runs, load_runs
 from replay_exp.analysis.plots import (
+    plot_composition,
     plot_curves,
     plot_heatmaps,
     plot_pareto,
@@ -224,6 +232,9 @@ def make_report(
             passk.to_csv(out / "passk_stats.csv", index=False)
             written.append(out / "passk_stats.csv")
 
+    composition, composition_lines = _composition(runs, x, base, out)
+    written += composition
+
     if any((Path(d) / "buffer_telemetry.json").is_file() for d in runs.runs["run_dir"]):
         written += plot_telemetry(runs.runs, out / "telemetry")
 
@@ -236,9 +247,11 @@ def make_report(
     summary = out / "summary.md"
     text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats,
                      n_boot)  # fmt: skip
-    if passk is not None:  # before the list of files
+    extra = [] if passk is None else _passk_markdown(passk, x)
+    extra += ([""] if extra and composition_lines else []) + composition_lines
+    if extra:  # before the list of files
         head, sep, files = text.partition("\n## Files\n")
-        text = head + "\n" + "\n".join(_passk_markdown(passk, x)) + "\n" + sep + files
+        text = head + "\n" + "\n".join(extra) + "\n" + sep + files
     if best_over_key is not None:
         head, _, rest = text.partition("\n\n")
         text = (f"{head}\n\nEvery configuration at its best `{best_over_key}` (highest peak "
@@ -434,6 +447,53 @@ def _passk_markdown(passk: pd.DataFrame, x: str) -> list[str]:
             f"{_signed(r['final_hi'])}] | {r['final_verdict']} |"
         )
     return lines
+
+
+def _composition(runs: Runs, x: str, base: str | None, out: Path) -> tuple[list[Path], list[str]]:
+    """The trained-vs-generated figure (``composition_<x>``), the final cumulative table
+    (``composition_final.csv``) and the summary's lines about them
+    (:mod:`replay_exp.analysis.composition`). Runs without the ``data/*`` keys are left out of
+    these only, with a one-line note; none with them: no figure, the note alone."""
+    with_keys, without = composition_runs(runs.steps)
+    if not with_keys:
+        return [], [
+            "Trained vs generated data: not drawn, no run logs the `data/*` composition keys "
+            "(runs older than them)."
+        ]
+    steps = runs.steps[runs.steps["run"].isin(with_keys)]
+    written = plot_composition(composition_curves(steps, x), STATS, out / f"composition_{x}",
+                               x_label(x), base)  # fmt: skip
+    final = composition_final(steps)
+    final.to_csv(out / "composition_final.csv", index=False)
+    written.append(out / "composition_final.csv")
+    lines = [
+        "## Trained vs generated data",
+        "",
+        "What the runs trained on (each use of a replayed rollout counted) against what they "
+        "generated: reward, response length (tokens) and the pass rate of the rollout's prompt "
+        "group at generation (easiness). Final cumulative values (each run's last logged "
+        "`data/*`, mean over seeds); trained - generated above 0 in pass rate: hard problems are "
+        f"starved. Per evaluation interval vs {x}: `composition_{x}.png`.",
+        "",
+    ]
+    header = "| configuration | seeds | stat | generated | trained | trained - generated |"
+    lines += [header, _rule(header)]
+    for _, r in final.iterrows():
+        fmt = {"count": "{:.0f}", "length": "{:.1f}"}.get(r["stat"], "{:.3f}")
+        sfmt = {"count": "{:+.0f}", "length": "{:+.1f}"}.get(r["stat"], "{:+.3f}")
+        cells = [
+            "n/a" if math.isnan(v) else f.format(v)
+            for v, f in ((r["generated"], fmt), (r["trained"], fmt), (r["diff"], sfmt))
+        ]
+        lines.append(f"| {r['label']} | {r['seeds']} | {r['stat']} | {' | '.join(cells)} |")
+    if without:
+        skipped = runs.runs[runs.runs["run"].isin(without)]
+        which = ", ".join(f"{label} ({n})" for label, n in
+                          skipped.groupby("label", sort=False).size().items())  # fmt: skip
+        n = len(with_keys) + len(without)
+        lines += ["", f"{len(without)} of {n} runs left out of this section (no `data/*` "
+                  f"composition keys: logged before them): {which}."]  # fmt: skip
+    return written, lines
 
 
 def _signed(v: float) -> str:

@@ -60,7 +60,14 @@ def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
     # On-policy: every rollout used once, at off-policiness 0.
     onp = tele.query("label == 'on-policy' and stat == 'off_policiness' and count > 0")
     assert onp["bin"].tolist() == [0]
-    for name in ("pareto_compute", "passk_gain", "telemetry", "theory_xy_vs_mu", "theory_K"):
+    # The trainer's data/* keys: on-policy trains exactly what it generates, each rollout once.
+    comp = pd.read_csv(out / "composition_final.csv")
+    assert set(comp["label"]) == labels and set(comp["stat"]) == {"count", "reward", "length",
+                                                                   "pass_rate"}  # fmt: skip
+    assert (comp.query("label == 'on-policy'")["diff"] == 0).all()
+    assert set(pd.read_csv(out / "composition_compute.csv")["label"]) == labels
+    for name in ("pareto_compute", "passk_gain", "telemetry", "theory_xy_vs_mu", "theory_K",
+                 "composition_compute"):  # fmt: skip
         _png(out / f"{name}.png")
 
     runs = pd.read_csv(out / "runs.csv")
