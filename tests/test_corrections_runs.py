@@ -5,8 +5,8 @@ and the data composition reach metrics.jsonl; refusals happen at resolve()."""
 
 from __future__ import annotations
 
-import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,17 +131,12 @@ class _Buffer:
 
 
 def test_must_wait():
-    drop = json.loads('{"staleness_policy": "drop", "max_staleness": 1}')
-    wait = json.loads('{"staleness_policy": "wait", "max_staleness": 1}')
-
-    class Cfg:
-        def __init__(self, d):
-            self.__dict__.update(d)
-
-    assert must_wait(Cfg(drop), _Buffer([]), 5)  # empty: always
-    assert not must_wait(Cfg(drop), _Buffer([0]), 5)  # drop trains on what it holds
-    assert must_wait(Cfg(wait), _Buffer([3]), 5)  # newest 2 versions old > k = 1
-    assert not must_wait(Cfg(wait), _Buffer([3, 4]), 5)
+    drop = SimpleNamespace(staleness_policy="drop", max_staleness=1)
+    wait = SimpleNamespace(staleness_policy="wait", max_staleness=1)
+    assert must_wait(drop, _Buffer([]), 5)  # empty: always
+    assert not must_wait(drop, _Buffer([0]), 5)  # drop trains on what it holds
+    assert must_wait(wait, _Buffer([3]), 5)  # newest 2 versions old > k = 1
+    assert not must_wait(wait, _Buffer([3, 4]), 5)
 
 
 def test_admission_drops_by_version_lag():
