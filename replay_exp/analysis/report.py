@@ -46,7 +46,12 @@ from replay_exp.analysis.plots import (
     plot_passk_gain,
     plot_telemetry,
 )
-from replay_exp.analysis.stats import compare_to_baseline
+from replay_exp.analysis.stats import INTERVALS, compare_to_baseline
+
+INTERVAL_NAMES = {
+    "t": "seed-level t (Welch df) on the bootstrap SE of seeds and of problems",
+    "percentile": "percentile bootstrap over problems and seeds",
+}
 
 SPLIT = "(W,T)"
 # Fewer seeds than this per configuration: the summary opens with a warning.
@@ -161,11 +166,13 @@ def make_report(
     n_boot: int = 2000,
     best_over_key: str | None = None,
     reference: str | None = None,
+    interval: str = "t",
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files).
     ``best_over_key``: report only each configuration's best value of that key
     (:func:`best_over`), e.g. every arm at its best learning rate. ``reference``: compare to
-    this configuration (:func:`pick_label`) instead of the on-policy baseline."""
+    this configuration (:func:`pick_label`) instead of the on-policy baseline. ``interval``:
+    ``t`` or ``percentile`` (``replay_exp.analysis.stats``)."""
     runs = load_runs(paths, metric=metric, x=x)
     if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
@@ -202,7 +209,7 @@ def make_report(
     written.append(out / "targets.csv")
     stats = None
     if base is not None and runs.runs["label"].nunique() > 1:
-        stats = compare_to_baseline(runs, base, x, metric, frac, n_boot=n_boot)
+        stats = compare_to_baseline(runs, base, x, metric, frac, n_boot=n_boot, method=interval)
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
 
@@ -228,7 +235,7 @@ def make_report(
     if base is not None and any(c.endswith("_sampled") for c in final):
         written += plot_passk_gain(final, base, out / "passk_gain")
         if stats is not None:  # the gain at every k with its interval, as for pass@1
-            passk = passk_stats(runs, base, x, frac, n_boot)
+            passk = passk_stats(runs, base, x, frac, n_boot, interval)
             passk.to_csv(out / "passk_stats.csv", index=False)
             written.append(out / "passk_stats.csv")
 
@@ -283,7 +290,7 @@ def _markdown(
     how = "mean over seeds (each statistic of the seed-mean curve)"
     if with_stats:
         how += (
-            f"; 95 % intervals: percentile bootstrap over problems and seeds, B = {n_boot}, "
+            f"; 95 % intervals: {INTERVAL_NAMES[stats['interval'].iloc[0]]}, B = {n_boot}, "
             "centred on the same statistics"
         )
     lines += [
@@ -382,20 +389,25 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         "and the intervals are too narrow"
     )
     lines = [
-        f"## Against the baseline ({first['baseline']}): 95 % bootstrap intervals",
+        f"## Against the baseline ({first['baseline']}): 95 % intervals",
+        "",
+        f"Interval: {INTERVAL_NAMES[first['interval']]} (`replay_exp/analysis/stats.py`).",
         "",
         f"Differences of the seed-mean curves at matched {x} (up to {first['x_matched']:.4g}, "
         f"the last {x} every run reached), bootstrapped ({n_boot} replicates) over {how}; "
         "seeds are paired where "
         f"both arms ran the same ones. final = at that {x}; peak = best evaluation of each "
         f"curve; saving = 1 - {x}_config / {x}_baseline to reach {frac:.0%} of the baseline's "
-        "peak. Verdict: better / worse when the interval excludes 0, else not separable.",
+        "peak. Verdict: better / worse when the interval excludes 0, else not separable. "
+        "MDE: the minimal detectable effect, the true difference a two-sided 5 % test would "
+        "detect with 80 % power at these seeds (t intervals only): a not-separable verdict "
+        "rules out effects larger than about that, not smaller ones.",
         "",
     ]
     header = (
         "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
         f"| verdict | {x} saving [95 % CI] | verdict | stability [95 % CI] | verdict "
-        "| per-seed final diffs |"
+        "| MDE final / peak | per-seed final diffs |"
     )
     lines += [header, _rule(header)]
     for _, r in stats.iterrows():
@@ -409,12 +421,14 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
             f"{r['peak_verdict']} | {_pct(r['saving'])} [{_pct(r['saving_lo'])}, "
             f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_signed(r['stability'])} "
             f"[{_signed(r['stability_lo'])}, {_signed(r['stability_hi'])}] | "
-            f"{r['stability_verdict']} | {per_seed} |"
+            f"{r['stability_verdict']} | {_mde(r, 'final')} / {_mde(r, 'peak')} | {per_seed} |"
         )
     return lines
 
 
-def passk_stats(runs: Runs, base: str, x: str, frac: float, n_boot: int) -> pd.DataFrame:
+def passk_stats(
+    runs: Runs, base: str, x: str, frac: float, n_boot: int, interval: str = "t"
+) -> pd.DataFrame:
     """Final pass@k difference to the baseline with its interval, for every sampled k
     (``replay_exp.analysis.stats``: per-problem unbiased pass@k, paired bootstrap)."""
     ks = sorted(
@@ -424,7 +438,9 @@ def passk_stats(runs: Runs, base: str, x: str, frac: float, n_boot: int) -> pd.D
     )
     rows = []
     for k in ks:
-        st = compare_to_baseline(runs, base, x, f"eval/pass@{k}_sampled", frac, n_boot=n_boot)
+        st = compare_to_baseline(
+            runs, base, x, f"eval/pass@{k}_sampled", frac, n_boot=n_boot, method=interval
+        )
         cols = ["label", "final", "final_lo", "final_hi", "final_verdict", "problems"]
         rows += [{"k": k, **r} for r in st[cols].to_dict("records")]
     return pd.DataFrame(rows)
@@ -496,6 +512,11 @@ def _composition(runs: Runs, x: str, base: str | None, out: Path) -> tuple[list[
     return written, lines
 
 
+def _mde(r, name: str) -> str:
+    v = r.get(f"{name}_mde")
+    return "n/a" if v is None or not isinstance(v, float) or math.isnan(v) else f"{v:.3f}"
+
+
 def _signed(v: float) -> str:
     return "n/a" if v is None or math.isnan(v) else f"{v:+.3f}"
 
@@ -515,6 +536,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=None, help="default: <first sweep dir>/report")
     p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (stats.csv)")
+    p.add_argument(
+        "--interval",
+        default="t",
+        choices=INTERVALS,
+        help="t: seed-level t over the bootstrap's SE (default); percentile: the old bootstrap",
+    )
     p.add_argument(
         "--baseline",
         default=None,
@@ -544,6 +571,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.n_boot,
                 args.best_over,
                 args.baseline,
+                args.interval,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

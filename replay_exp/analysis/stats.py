@@ -1,4 +1,5 @@
-"""Is a configuration really better than the on-policy baseline? Paired bootstrap intervals.
+"""Is a configuration really better than the on-policy baseline? Paired intervals over seeds and
+problems.
 
 Every run writes the per-problem results of each evaluation (``eval_details.jsonl``; the same
 held-out problems for every run of a task). Against the baseline, at matched x (compute, steps
@@ -33,10 +34,28 @@ How (``compare``):
 3. Bootstrap (``n_boot`` replicates, seeded): problems are resampled with replacement, the same
    draw for both arms (paired on the same eval problems); seeds are resampled with replacement,
    the same draw for both arms when they ran the same seeds (paired per seed), independently
-   otherwise. Each statistic is recomputed per replicate; the interval is the 2.5th and 97.5th
-   percentile (order statistics, so an infinite saving stays infinite).
-4. Verdict: ``better`` if the whole interval is above 0, ``worse`` if below, else ``not
-   separable``.
+   otherwise. Each statistic is recomputed per replicate.
+4. The interval (``method``):
+
+   - ``t`` (the default): ``point +- t_{df} * SE``. SE^2 sums one variance per source, each
+     from its own bootstrap with the other sources held fixed: the seeds (paired: one
+     component; unpaired: one per arm), scaled by S / (S - 1) because a bootstrap over S units
+     has (S - 1) / S of the unbiased variance (for a mean, exactly s^2 / S), and the problems.
+     df by Welch-Satterthwaite, so with 5 seeds t is near t_4 = 2.776 when seeds dominate, as
+     they do here. It is the per-seed t-interval for a mean, with the problem bootstrap inside;
+     for peak, saving and stability it is the same rule on the bootstrap's SE. A side on which
+     more than 2.5 % of the joint replicates never reach the target is a saving of ``-inf``.
+     An arm with one seed gets (-inf, inf): its spread cannot be estimated.
+   - ``percentile``: the 2.5th and 97.5th percentiles of the joint replicates (order
+     statistics). It under-covers with few seeds: on synthetic curves with our seed spread,
+     ``replay_exp.analysis.coverage`` measures both (docs/analysis.md).
+
+   Under ``t`` each statistic also gets its **minimal detectable effect**, the true difference
+   a two-sided test at 5 % would detect with 80 % power at these seeds:
+   (t_{df, 0.975} + t_{df, 0.8}) * SE (3.72 SE at df = 4).
+5. Verdict: ``better`` if the whole interval is above 0, ``worse`` if below, else ``not
+   separable``. A "not separable" with an MDE of 3 points says "no effect larger than about 3
+   points", not "no effect".
 
 Runs without ``eval_details.jsonl`` (older runs, W&B) fall back to their logged metric: seeds
 are resampled, problems cannot be (``problems_resampled`` = False), so intervals are narrower
@@ -52,13 +71,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replay_exp.analysis.curves import compute_to_target, drawdown, interpolate, x_column
+from replay_exp.analysis.curves import drawdown, interpolate, x_column
+from replay_exp.analysis.tdist import t_quantile
 from replay_exp.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.logging import read_metrics
 
 STATS = ("final", "peak", "saving", "stability")
 END_TOL = 1e-3  # relative: how far short of a grid point a run's last evaluation may be
 VERDICTS = ("better", "worse", "not separable")
+# Interval methods of compare(): "t" (the default, chosen by replay_exp.analysis.coverage) and
+# the percentile bootstrap it replaced (kept to re-read old reports).
+INTERVALS = ("t", "percentile")
 
 
 @dataclass
@@ -160,6 +183,21 @@ def build_arms(
     return grid, arms
 
 
+def _to_target(grid: np.ndarray, m: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``replay_exp.analysis.curves.compute_to_target`` of every column of ``m`` [K, R] (NaN-free
+    curves on ``grid``) at its own target [R], vectorised: the first grid point at or above
+    the target, interpolated linearly from the point before; ``inf`` if none."""
+    hit = m >= target
+    i = hit.argmax(axis=0)
+    cols = np.arange(m.shape[1])
+    prev = np.maximum(i - 1, 0)
+    y0, y1 = m[prev, cols], m[i, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = grid[prev] + (target - y0) * (grid[i] - grid[prev]) / (y1 - y0)
+    x = np.where(i == 0, grid[0], x)
+    return np.where(hit.any(axis=0), x, np.inf)
+
+
 def _statistics(
     grid: np.ndarray,
     m_arm: np.ndarray,
@@ -171,10 +209,7 @@ def _statistics(
     """final / peak differences, the saving and the stability, for curves [K, R] (R
     replicates) and mean drawdowns [R]."""
     target = frac * m_base.max(axis=0)
-    x_arm = np.array([compute_to_target(grid, m_arm[:, r], target[r]) for r in range(len(target))])
-    x_base = np.array(
-        [compute_to_target(grid, m_base[:, r], target[r]) for r in range(len(target))]
-    )
+    x_arm, x_base = _to_target(grid, m_arm, target), _to_target(grid, m_base, target)
     with np.errstate(divide="ignore", invalid="ignore"):
         saving = np.where(x_base > 0, 1.0 - x_arm / np.where(x_base > 0, x_base, 1), np.nan)
     return {
@@ -204,6 +239,64 @@ def verdict(lo: float, hi: float) -> str:
     return "better" if lo > 0 else "worse" if hi < 0 else "not separable"
 
 
+def _per_seed(vals: np.ndarray, prob_w: np.ndarray) -> np.ndarray:
+    """Each seed's problem-weighted mean curve [S, K, R or 1] of ``vals`` [S, K, J] for
+    problem weights [J, R or 1]."""
+    S, K, J = vals.shape
+    if prob_w.shape[1] == 1:  # all problems once: a plain mean
+        return vals.mean(axis=2, keepdims=True)
+    return (vals.reshape(S * K, J) @ prob_w).reshape(S, K, -1) / prob_w.sum(0)
+
+
+def _curves(per_seed: np.ndarray, seed_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seed-mean curves [K, R] and mean drawdowns [R] of per-seed curves [S, K, R or 1] for
+    seed weights [S, R or 1] (a single column broadcasts)."""
+    mean = (per_seed * seed_w[:, None, :]).sum(0) / seed_w.sum(0)
+    # The seed-weighted mean of each seed's drawdown (curves.drawdown along the grid).
+    dd = (drawdown(per_seed, axis=1) * seed_w).sum(0) / seed_w.sum(0)
+    return mean, dd
+
+
+def _resample(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
+    """Bootstrap weights [n, n_boot]: how often each of n units is drawn, with replacement
+    (n draws per replicate; the counts of a multinomial(n, 1/n))."""
+    draws = rng.integers(0, n, size=(n_boot, n)) + n * np.arange(n_boot)[:, None]
+    return np.bincount(draws.ravel(), minlength=n * n_boot).reshape(n_boot, n).T.astype(float)
+
+
+def _finite_var(v: np.ndarray) -> float:
+    """Variance (ddof 0) of the finite replicates; 0 when fewer than two are finite."""
+    f = v[np.isfinite(v)]
+    return float(f.var()) if len(f) > 1 else 0.0
+
+
+def t_interval(
+    point: float, components: list[tuple[float, float]], level: float = 0.95,
+    power: float = 0.8,
+) -> dict[str, float]:  # fmt: skip
+    """``point +- t_{df, (1 + level) / 2} * SE`` from independent variance components
+    ``(v, df)``: SE^2 = sum of v, df by Welch-Satterthwaite, (sum v)^2 / sum(v^2 / df), so a
+    component with few units (seeds) dominates the degrees of freedom when it dominates the
+    variance. Also the minimal detectable effect of a two-sided test at 1 - level with this
+    ``power``: (t_{df, (1 + level) / 2} + t_{df, power}) * SE. With one component of
+    df = 4 (5 seeds): t = 2.776, and the MDE is (2.776 + 0.941) SE = 3.72 SE. A component
+    with df < 1 (an arm with one seed) makes the interval (-inf, inf): seed-to-seed spread,
+    the largest source of variance here, cannot be estimated from one seed."""
+    if any(d < 1 for _, d in components):  # one seed: its variance is not estimable
+        return {"se": math.nan, "df": 0.0, "lo": -math.inf, "hi": math.inf, "mde": math.inf}
+    var = sum(v for v, _ in components)
+    se = math.sqrt(var)
+    if var <= 0:
+        return {"se": 0.0, "df": math.inf, "lo": point, "hi": point, "mde": 0.0}
+    denom = sum(v * v / d for v, d in components if v > 0)
+    df = var * var / denom if denom > 0 else math.inf
+    t = t_quantile((1 + level) / 2, df)
+    return {
+        "se": se, "df": df, "lo": point - t * se, "hi": point + t * se,
+        "mde": (t + t_quantile(power, df)) * se,
+    }  # fmt: skip
+
+
 def compare(
     grid: np.ndarray,
     arm: Arm,
@@ -212,9 +305,13 @@ def compare(
     n_boot: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    method: str = "t",
 ) -> dict:
-    """Point estimates, bootstrap intervals and verdicts of ``arm`` against ``base`` (module
-    docstring). Also the per-seed final differences when the seeds pair up."""
+    """Point estimates, intervals, minimal detectable effects and verdicts of ``arm`` against
+    ``base`` (module docstring; ``method`` = ``t`` or ``percentile``). Also the per-seed final
+    differences when the seeds pair up."""
+    if method not in INTERVALS:
+        raise ValueError(f"compare: method must be one of {INTERVALS}, got {method!r}")
     rng = np.random.default_rng(seed)
     S_a, K, J = arm.values.shape
     S_b = base.values.shape[0]
@@ -225,38 +322,24 @@ def compare(
     else:
         base_vals = base.values
 
-    def curves(
-        vals: np.ndarray, seed_w: np.ndarray, prob_w: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Seed-mean curves [K, R] and mean drawdowns [R] for seed weights [S, R] and problem
-        weights [J, R]."""
-        S = vals.shape[0]
-        per_seed = (vals.reshape(S * K, J) @ prob_w).reshape(S, K, -1) / prob_w.sum(0)
-        mean = np.einsum("skr,sr->kr", per_seed, seed_w) / seed_w.sum(0)
-        # The seed-weighted mean of each seed's drawdown (curves.drawdown along the grid).
-        dd = (drawdown(per_seed, axis=1) * seed_w).sum(0) / seed_w.sum(0)
-        return mean, dd
+    per_seed: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by id of the problem weights
 
     def statistics(seed_a, seed_b, prob_w) -> dict[str, np.ndarray]:
-        (m_arm, dd_arm), (m_base, dd_base) = (
-            curves(arm.values, seed_a, prob_w),
-            curves(base_vals, seed_b, prob_w),
-        )
+        if id(prob_w) not in per_seed:  # the matrix products once per problem draw
+            per_seed[id(prob_w)] = (_per_seed(arm.values, prob_w), _per_seed(base_vals, prob_w))
+        pa, pb = per_seed[id(prob_w)]
+        (m_arm, dd_arm), (m_base, dd_base) = _curves(pa, seed_a), _curves(pb, seed_b)
+        # One arm's weights may be a single column (held fixed): broadcast to the replicates.
+        R = max(m_arm.shape[1], m_base.shape[1])
+        m_arm, m_base = (np.broadcast_to(m, (K, R)) for m in (m_arm, m_base))
+        dd_arm, dd_base = (np.broadcast_to(d, (R,)) for d in (dd_arm, dd_base))
         return _statistics(grid, m_arm, m_base, frac, dd_arm, dd_base)
 
-    point = statistics(np.ones((S_a, 1)), np.ones((S_b, 1)), np.ones((J, 1)))
-    prob_w = (
-        rng.multinomial(J, np.full(J, 1 / J), size=n_boot).T.astype(float)
-        if arm.per_problem
-        else np.ones((J, n_boot))
-    )
-    seed_a = rng.multinomial(S_a, np.full(S_a, 1 / S_a), size=n_boot).T.astype(float)
-    seed_b = (
-        seed_a
-        if paired
-        else rng.multinomial(S_b, np.full(S_b, 1 / S_b), size=n_boot).T.astype(float)
-    )
-    boot = statistics(seed_a, seed_b, prob_w)
+    ones_a, ones_b, ones_p = np.ones((S_a, 1)), np.ones((S_b, 1)), np.ones((J, 1))
+    point = statistics(ones_a, ones_b, ones_p)
+    prob_w = _resample(rng, J, n_boot) if arm.per_problem else ones_p
+    seed_a = _resample(rng, S_a, n_boot)
+    seed_b = seed_a if paired else _resample(rng, S_b, n_boot)
     out = {
         "label": arm.label,
         "baseline": base.label,
@@ -265,14 +348,47 @@ def compare(
         "paired_seeds": paired,
         "problems": J if arm.per_problem else 0,
         "problems_resampled": arm.per_problem,
+        "interval": method,
         "x_matched": float(grid[-1]),
         "x_to_target": float(point["x_arm"][0]),
         "baseline_x_to_target": float(point["x_base"][0]),
     }
+    # Joint replicates (seeds and problems at once): the percentile interval, and under t the
+    # share of infinite savings (an arm that never reaches the target in a replicate).
+    joint = statistics(seed_a, seed_b, prob_w)
+    if method == "t":
+        # Each source of variance on its own: seeds (paired: both arms' seeds drawn together;
+        # unpaired: each arm's seeds alone), then problems. A bootstrap over n units has
+        # variance (n - 1) / n of the unbiased one, so the seed components are scaled by
+        # n / (n - 1) (for a mean this is exactly s^2 / n); the problem component's df is J - 1.
+        if paired:
+            parts = [(statistics(seed_a, seed_a, ones_p), S_a)]
+        else:
+            parts = [
+                (statistics(seed_a, ones_b, ones_p), S_a),
+                (statistics(ones_a, seed_b, ones_p), S_b),
+            ]
+        by_problem = statistics(ones_a, ones_b, prob_w) if arm.per_problem else None
+    tail = (1 - level) / 2
     for name in STATS:
-        lo, hi = percentile_interval(boot[name], level)
-        out[name] = float(point[name][0])
+        est = float(point[name][0])
+        out[name] = est
+        if method == "percentile":
+            lo, hi = percentile_interval(joint[name], level)
+            out[f"{name}_lo"], out[f"{name}_hi"] = lo, hi
+            out[f"{name}_verdict"] = verdict(lo, hi)
+            continue
+        comps = [(_finite_var(b[name]) * n / max(n - 1, 1), n - 1) for b, n in parts]
+        if by_problem is not None:
+            comps.append((_finite_var(by_problem[name]), J - 1))
+        t = t_interval(est, comps, level) if math.isfinite(est) else None
+        lo, hi = (t["lo"], t["hi"]) if t else percentile_interval(joint[name], level)
+        if t and np.mean(np.isneginf(joint[name])) > tail:  # "never" is inside the interval
+            lo = -math.inf
         out[f"{name}_lo"], out[f"{name}_hi"] = lo, hi
+        out[f"{name}_se"] = t["se"] if t else math.nan
+        out[f"{name}_df"] = t["df"] if t else math.nan
+        out[f"{name}_mde"] = t["mde"] if t else math.nan
         out[f"{name}_verdict"] = verdict(lo, hi)
     if paired:
         diffs = arm.values[:, -1].mean(axis=1) - base_vals[:, -1].mean(axis=1)
@@ -282,14 +398,14 @@ def compare(
 
 def compare_to_baseline(
     runs, baseline: str, x: str = "compute", metric: str = "eval/pass@1", frac: float = 0.98,
-    n_boot: int = 2000, seed: int = 0,
+    n_boot: int = 2000, seed: int = 0, method: str = "t",
 ) -> pd.DataFrame:  # fmt: skip
     """One row per configuration (the baseline excluded): :func:`compare` against
     ``baseline``."""
     labels = list(dict.fromkeys(runs.runs["label"]))
     grid, arms = build_arms(runs, labels, baseline, metric, x)
     rows = [
-        compare(grid, arms[label], arms[baseline], frac, n_boot, seed)
+        compare(grid, arms[label], arms[baseline], frac, n_boot, seed, method=method)
         for label in labels
         if label != baseline and len(arms[label].seeds)
     ]

@@ -72,9 +72,18 @@ def test_a_collapse_is_less_stable_and_noise_alone_is_not_separable():
     # drawdown 0.01, and a seed resample can miss that seed, so the interval reaches 0
     shifted = _arm("dip", [0.2, 0.4, 0.5])
     shifted.values[2, 2, int(0.35 * J) :] = 0.0
-    out = compare(GRID, shifted, base, n_boot=2000)
+    out = compare(GRID, shifted, base, n_boot=2000, method="percentile")
     assert out["stability"] == pytest.approx(-0.01)
     assert out["stability_hi"] == 0 and out["stability_verdict"] == "not separable"
+    # t: per-seed stabilities (0, 0, -0.05, 0, 0): mean -0.01, sd sqrt((4 * 0.01^2 + 0.04^2)
+    # / 4) = 0.02236, seed SE 0.01; the dip's problems (20 of 400 in seed 2) add a problem
+    # SE of sqrt(0.05 * 0.95 / 400) / 5 = 0.0022: SE 0.01024, Welch df 4 * (1.048e-4 /
+    # 1e-4)^2 = 4.4, t 2.72 -> -0.01 +- 0.0279 (bootstrap variance estimates: +- ~5 %)
+    out = compare(GRID, shifted, base, n_boot=2000)
+    assert out["stability_se"] == pytest.approx(0.01024, rel=0.06)
+    assert out["stability_df"] == pytest.approx(4.4, rel=0.06)
+    assert out["stability_hi"] == pytest.approx(0.0179, abs=0.002)
+    assert out["stability_verdict"] == "not separable"
 
 
 def test_the_bootstrap_drawdown_is_curves_drawdown_along_the_grid():
@@ -133,6 +142,75 @@ def test_unpaired_seeds_resample_independently():
     arm = _arm("other seeds", [0.2, 0.4, 0.5], seeds=(5, 6, 7, 8, 9))
     out = compare(GRID, arm, base, n_boot=200)
     assert not out["paired_seeds"] and "final_per_seed" not in out
+
+
+def _seed_means(label, finals, seeds=None):
+    """An arm without per-problem data whose seed s has the curve (0.2, 0.4, finals[s])."""
+    vals = np.array([[[0.2], [0.4], [f]] for f in finals])
+    return Arm(label, list(seeds or range(len(finals))), vals, per_problem=False)
+
+
+def test_t_interval_of_paired_seed_differences_is_the_textbook_one():
+    """Per-seed final differences d = (0.125, -0.075, 0.075, -0.025, 0.05): mean 0.03,
+    squared deviations 0.009025 + 0.011025 + 0.002025 + 0.003025 + 0.0004 = 0.0255, s^2 =
+    0.006375, SE = sqrt(0.006375 / 5) = 0.035707, t_4 = 2.776445: 0.03 +- 0.099138 =
+    [-0.0691, 0.1291]; MDE (2.776445 + 0.940965) * 0.035707 = 0.13274. The percentile
+    bootstrap of the same seeds is narrower: its SE is sqrt(4 / 5) of that, its quantile 1.96."""
+    d = [0.125, -0.075, 0.075, -0.025, 0.05]
+    base = _seed_means("base", [0.5] * 5)
+    arm = _seed_means("arm", [0.5 + x for x in d])
+    out = compare(GRID, arm, base, n_boot=8000)
+    assert out["final"] == pytest.approx(0.03)
+    assert out["final_df"] == 4  # one component: the seeds
+    assert out["final_se"] == pytest.approx(0.035707, rel=0.03)
+    assert out["final_lo"] == pytest.approx(-0.0691, abs=0.004)
+    assert out["final_hi"] == pytest.approx(0.1291, abs=0.004)
+    assert out["final_mde"] == pytest.approx(0.13274, rel=0.03)
+    pct = compare(GRID, arm, base, n_boot=8000, method="percentile")
+    assert pct["final_hi"] - pct["final_lo"] < 0.8 * (out["final_hi"] - out["final_lo"])
+    with pytest.raises(ValueError, match="method must be one of"):
+        compare(GRID, arm, base, method="normal")
+
+
+def test_t_interval_unpaired_seeds_welch():
+    """Arm finals (0.50, 0.52, 0.54) and baseline finals (0.40, 0.44) on other seeds: means
+    0.52 and 0.42, s^2 = 0.0004 and 0.0008, variances of the means 0.0004 / 3 = 1.333e-4 and
+    0.0008 / 2 = 4e-4: SE = sqrt(5.333e-4) = 0.023094, Welch df = (5.333e-4)^2 / ((1.333e-4)^2
+    / 2 + (4e-4)^2 / 1) = 1.680, t_{1.68, 0.975} = 5.19 (tdist; between t_1 = 12.7 and
+    t_2 = 4.30): 0.1 +- 0.120."""
+    arm = _seed_means("arm", [0.50, 0.52, 0.54], seeds=[0, 1, 2])
+    base = _seed_means("base", [0.40, 0.44], seeds=[5, 6])
+    out = compare(GRID, arm, base, n_boot=8000)
+    assert out["final"] == pytest.approx(0.1)
+    assert out["final_se"] == pytest.approx(0.023094, rel=0.03)
+    assert out["final_df"] == pytest.approx(1.680, rel=0.06)
+    assert out["final_hi"] - out["final"] == pytest.approx(0.120, rel=0.06)
+    # one seed per arm: no estimate of the spread, no verdict
+    one = compare(GRID, _seed_means("a", [0.9]), _seed_means("b", [0.1]), n_boot=100)
+    assert (one["final_lo"], one["final_hi"]) == (-math.inf, math.inf)
+    assert one["final_verdict"] == "not separable"
+
+
+def test_t_interval_components_and_quantiles_by_hand():
+    from replay_exp.analysis.stats import t_interval
+    from replay_exp.analysis.tdist import t_cdf, t_quantile
+
+    # Table values of Student's t (two-sided 95 %, one-sided 80 %).
+    assert t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
+    assert t_quantile(0.975, 30) == pytest.approx(2.0423, abs=1e-4)
+    assert t_quantile(0.8, 4) == pytest.approx(0.9410, abs=1e-4)
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.95996, abs=1e-5)
+    assert t_quantile(0.025, 4) == pytest.approx(-2.7764, abs=1e-4)
+    # t with 1 df is Cauchy: F(1) = 1/2 + atan(1) / pi = 0.75
+    assert t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    # one component (v = 1e-4, df 4): SE 0.01, +- 0.027764, MDE 3.7174 * 0.01
+    one = t_interval(0.0, [(1e-4, 4)])
+    assert one["df"] == pytest.approx(4) and one["hi"] == pytest.approx(0.027764, abs=1e-6)
+    assert one["mde"] == pytest.approx(0.037174, abs=1e-6)
+    # two equal components, df 4 and inf: Welch df = (2e-4)^2 / (1e-8 / 4) = 16
+    two = t_interval(0.0, [(1e-4, 4), (1e-4, math.inf)])
+    assert two["df"] == pytest.approx(16) and two["se"] == pytest.approx(math.sqrt(2e-4))
 
 
 def test_the_bootstrap_is_seeded():
@@ -215,7 +293,8 @@ def test_report_prints_intervals_and_verdicts(two_arm_sweep, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
     assert "**Warning: fewer than 4 seeds per configuration**" in text.split("## Best")[0]
-    assert "## Against the baseline (on-policy): 95 % bootstrap intervals" in text
+    assert "## Against the baseline (on-policy): 95 % intervals" in text
+    assert "Interval: seed-level t (Welch df)" in text
     stats = pd.read_csv(out / "stats.csv")
     assert len(stats) == 1
     r = stats.iloc[0]

@@ -1,0 +1,136 @@
+"""Stage 1 of a two-stage study: pick each arm's configuration on selection seeds, and say
+whether the learning-rate grid brackets it.
+
+An **arm** is what a study compares (on-policy, FIFO at reuse y); within an arm the tuned
+keys (``--tune``, default buffer capacity and learning rate) span its configurations. For
+each configuration the score is the mean over the selection seeds (``--seeds``) of the final
+value of the metric (the last evaluation, at the budget). Each arm's best configuration is the
+one with the highest score; ties within ``--tie`` go to the larger learning rate. For every
+(arm, other tuned keys) the best learning rate is **bracketed** when it is strictly inside the
+grid tried; an edge means the grid must be widened before stage 2 (the sweep headers say by
+a factor of 2).
+
+``python -m replay_exp.analysis.selection runs/budget_tiny runs/finding1_stage1_tiny --seeds
+0 1 --out analysis/results/finding1_stage1_tiny`` writes ``selection.csv`` (every
+configuration's score), ``brackets.csv`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from replay_exp.analysis.loader import load_runs
+
+LR = "algo.lr"
+
+
+def arm_name(row: pd.Series) -> str:
+    """on-policy, or '<buffer> y=<reuse>'."""
+    if row.get("buffer.name") == "on_policy":
+        return "on-policy"
+    return f"{row.get('buffer.name')} y={float(row.get('derived.reuse_ratio')):g}"
+
+
+def scores(runs: pd.DataFrame, seeds: list[int], tune: list[str]) -> pd.DataFrame:
+    """One row per (arm, tuned values): the mean final over the selection seeds, how many of
+    them finished, and their finals."""
+    done = runs[(runs["status"] == "finished") & runs["seed"].isin(seeds)].copy()
+    done["arm"] = done.apply(arm_name, axis=1)
+    for key in tune:
+        if key not in done:
+            done[key] = float("nan")
+    keys = ["arm", *tune]
+    grouped = done.groupby(keys, dropna=False)
+    table = grouped["final"].agg(["mean", "count"]).reset_index()
+    table["finals"] = grouped["final"].apply(lambda v: " ".join(f"{x:.4f}" for x in v)).values
+    return table.rename(columns={"mean": "score", "count": "seeds_done"})
+
+
+def pick(t: pd.DataFrame, tie: float = 1e-3) -> pd.Series:
+    """The row of highest score; within ``tie`` of it, the one with the larger learning rate."""
+    top = t[t["score"] >= t["score"].max() - tie]
+    return top.sort_values(LR, ascending=False).iloc[0]
+
+
+def best_per_arm(table: pd.DataFrame, tie: float = 1e-3) -> pd.DataFrame:
+    """Each arm's selected configuration (:func:`pick`)."""
+    rows = [pick(t, tie) for _, t in table.groupby("arm", sort=False)]
+    return pd.DataFrame(rows).reset_index(drop=True)
+
+
+def brackets(table: pd.DataFrame, tune: list[str], tie: float = 1e-3) -> pd.DataFrame:
+    """For every (arm, tuned keys but lr): the grid of lr tried, the best, and whether it is
+    strictly inside the grid."""
+    others = ["arm", *[k for k in tune if k != LR]]
+    rows = []
+    for key, t in table.groupby(others, dropna=False, sort=False):
+        lrs = sorted(t[LR].unique())
+        best = float(pick(t, tie)[LR])
+        rows.append({
+            **dict(zip(others, key if isinstance(key, tuple) else (key,), strict=True)),
+            "lrs": " ".join(f"{v:g}" for v in lrs), "best_lr": best,
+            "best_score": float(t["score"].max()),
+            "bracketed": len(lrs) >= 3 and lrs[0] < best < lrs[-1],
+            "widen_to": "" if lrs[0] < best < lrs[-1] else f"{best / 2:g}" if best == lrs[0]
+            else f"{best * 2:g}",
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """A pipe table (floats to 4 significant digits)."""
+
+    def cell(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(False)]
+    return "\n".join([head, rule, *body])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m replay_exp.analysis.selection", description=__doc__)
+    p.add_argument("sweep_dirs", nargs="+", type=Path)
+    p.add_argument("--seeds", type=int, nargs="+", required=True)
+    p.add_argument("--tune", nargs="+", default=["buffer.capacity", LR])
+    p.add_argument("--metric", default="eval/pass@1")
+    p.add_argument("--tie", type=float, default=1e-3)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    runs = load_runs(args.sweep_dirs, metric=args.metric, x="compute").runs
+    table = scores(runs, args.seeds, args.tune)
+    best, br = best_per_arm(table, args.tie), brackets(table, args.tune, args.tie)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "selection.csv", index=False)
+    br.to_csv(args.out / "brackets.csv", index=False)
+    lines = [
+        "# Stage 1: selection",
+        "",
+        f"Runs: {', '.join(map(str, args.sweep_dirs))}; selection seeds "
+        f"{' '.join(map(str, args.seeds))}; score = mean final `{args.metric}` over them "
+        f"(ties within {args.tie:g}: the larger lr). Unfinished runs are left out "
+        f"({int((runs['status'] != 'finished').sum())} of {len(runs)}).",
+        "",
+        "## Each arm's selected configuration",
+        "",
+        markdown(best) if len(best) else "(none finished)",
+        "",
+        "## Is each best learning rate inside its grid?",
+        "",
+        markdown(br) if len(br) else "(none)",
+        "",
+        "## Every configuration",
+        "",
+        markdown(table) if len(table) else "(none)",
+        "",
+    ]
+    (args.out / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The study budget (replay_exp.analysis.budget) and the stage-1 selection
+(replay_exp.analysis.selection) on hand-made run directories whose answers are known."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from replay_exp.analysis.budget import budget_table, study_budget
+from replay_exp.analysis.selection import best_per_arm, brackets, scores
+from replay_exp.estimators import encode_details
+
+J = 300  # held-out problems
+
+
+def _run(root, name, cfg, solved_at: dict[float, int]):
+    """A finished run: at paper units x the first ``solved_at[x]`` problems are solved."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with open(d / "metrics.jsonl", "w") as m, open(d / "eval_details.jsonl", "w") as e:
+        for step, (x, n) in enumerate(sorted(solved_at.items())):
+            c = np.zeros(J, dtype=bool)
+            c[:n] = True
+            units = {"compute/paper_units": x, "compute/rollouts": 64 * step}
+            m.write(json.dumps({"step": step, "eval/pass@1": c.mean(), **units}) + "\n")
+            det = {"pass1": c, "n_correct": c.astype(int), "n_samples": 1}
+            e.write(json.dumps({"step": step, **units, **encode_details(det)}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "finished"}))
+
+
+def _on_policy(lr, seed):
+    return {"seed": seed, "buffer": {"name": "on_policy"}, "algo": {"lr": lr},
+            "derived": {"reuse_ratio": 1.0}}  # fmt: skip
+
+
+@pytest.fixture
+def plateau_sweep(tmp_path):
+    """Two learning rates x 3 seeds, evaluated every 50 units to 300. lr 1e-4 solves 60, 90,
+    120, 150, 180, 180, 180 problems (+ s for seed s at every point): it rises until 200 and is
+    flat after; lr 3e-5 solves 20 fewer everywhere (never the best)."""
+    root = tmp_path / "budget"
+    xs = [0, 50, 100, 150, 200, 250, 300]
+    best = [60, 90, 120, 150, 180, 180, 180]
+    for lr, minus in ((1e-4, 0), (3e-5, 20)):
+        for s in range(3):
+            solved = {x: n + s - minus for x, n in zip(xs, best, strict=True)}
+            _run(root, f"algo.lr={lr},seed={s}", _on_policy(lr, s), solved)
+    return root
+
+
+def test_the_budget_is_where_the_best_arm_stops_gaining(plateau_sweep):
+    """Budgets 150 and 300 (step 150; 2B/3 = 100 and 200). At 150 the best arm gains
+    (150 - 120) / 300 = 0.1 on every seed: the same 30 problems newly solved, so the seed
+    variance is 0 and the problem bootstrap gives SE sqrt(0.1 * 0.9 / 300) = 0.0173 ->
+    better. At 300 it gains exactly 0 on every problem: [0, 0], not separable -> the budget."""
+    table = budget_table([plateau_sweep], start=150, step=150, n_boot=2000)
+    best = table[table["best"]].set_index("budget")
+    assert best["label"].str.contains("1e-04").all()
+    assert best.loc[150, "gain"] == pytest.approx(0.1)
+    assert best.loc[150, "verdict"] == "better"
+    assert best.loc[150, "gain_lo"] == pytest.approx(0.1 - 1.968 * 0.01732, abs=0.004)
+    assert best.loc[300, "gain"] == 0 and best.loc[300, "gain_hi"] == 0
+    assert best.loc[300, "verdict"] == "not separable"
+    # accuracies at B: (180 + mean seed 1) / 300
+    assert best.loc[300, "acc_end"] == pytest.approx(181 / 300)
+    assert study_budget(table) == (300.0, False)
+
+
+def test_the_cap_binds_when_the_best_arm_gains_at_every_budget(plateau_sweep):
+    table = budget_table([plateau_sweep], start=150, step=150, n_boot=500)
+    table = table[table["budget"] == 150]  # only a budget where it still gains
+    assert study_budget(table) == (150.0, True)
+    # a noisy not-separable between gaining budgets is not the ceiling: only one that lasts
+    fake = pd.DataFrame({"budget": [1, 2, 3, 4, 5], "best": True,
+                         "verdict": ["better", "not separable", "better", "not separable",
+                                     "not separable"]})  # fmt: skip
+    assert study_budget(fake) == (4.0, False)
+    assert study_budget(fake.iloc[:3]) == (3.0, True)
+    with pytest.raises(ValueError, match="before the first budget"):
+        budget_table([plateau_sweep], start=450, step=150)
+
+
+@pytest.fixture
+def stage1(tmp_path):
+    """Finals (at 100 units) by arm and lr, seeds 0 and 1 (seed 2 scores 0.99 everywhere and
+    must be ignored with --seeds 0 1):
+    on-policy lr 1e-4 / 2e-4 / 4e-4: 0.60 / 0.70 / 0.65 -> 2e-4, inside its grid;
+    FIFO y=2 N=512 lr 1e-5 / 2e-5 / 4e-5: 0.75 / 0.70 / 0.60 -> 1e-5, an edge: widen to 5e-6;
+    FIFO y=2 N=2048 lr 1e-5 / 2e-5 / 4e-5: 0.60 / 0.8 / 0.8 -> a tie: the larger lr, 4e-5,
+    an edge: widen to 8e-5; the arm FIFO y=2 picks N = 2048 (0.80 > 0.75)."""
+    root = tmp_path / "stage1"
+    cells = [("on_policy", None, 1.0, [1e-4, 2e-4, 4e-4], [180, 210, 195]),
+             ("fifo", 512, 2.0, [1e-5, 2e-5, 4e-5], [225, 210, 180]),
+             ("fifo", 2048, 2.0, [1e-5, 2e-5, 4e-5], [180, 240, 240])]  # fmt: skip
+    for buf, cap, y, lrs, finals in cells:
+        for lr, n in zip(lrs, finals, strict=True):
+            for s in range(3):
+                cfg = {"seed": s, "buffer": {"name": buf, "capacity": cap},
+                       "algo": {"lr": lr}, "derived": {"reuse_ratio": y}}  # fmt: skip
+                final = 297 if s == 2 else n + (1 if s else -1)  # seeds 0, 1: n -+ 1
+                _run(root, f"b={buf},N={cap},lr={lr},seed={s}", cfg, {0: 60, 100: final})
+    return root
+
+
+def test_selection_picks_each_arms_best_and_flags_unbracketed_lrs(stage1, tmp_path):
+    from replay_exp.analysis.loader import load_runs
+
+    runs = load_runs([stage1]).runs
+    table = scores(runs, [0, 1], ["buffer.capacity", "algo.lr"])
+    assert (table["seeds_done"] == 2).all() and len(table) == 9
+    best = best_per_arm(table).set_index("arm")
+    assert best.loc["on-policy", "algo.lr"] == 2e-4
+    assert best.loc["on-policy", "score"] == pytest.approx(210 / J)
+    assert best.loc["fifo y=2", "buffer.capacity"] == 2048
+    assert best.loc["fifo y=2", "algo.lr"] == 4e-5  # the tie goes to the larger lr
+    br = brackets(table, ["buffer.capacity", "algo.lr"])
+    rows = {(r["arm"], r["buffer.capacity"]): r for _, r in br.iterrows()}
+    on = [r for k, r in rows.items() if k[0] == "on-policy"][0]
+    assert on["bracketed"] and on["widen_to"] == ""
+    assert not rows[("fifo y=2", 512)]["bracketed"]
+    assert rows[("fifo y=2", 512)]["widen_to"] == "5e-06"
+    assert rows[("fifo y=2", 2048)]["best_lr"] == 4e-5  # the tie rule here too: an edge
+    assert rows[("fifo y=2", 2048)]["widen_to"] == "8e-05"
+    out = tmp_path / "sel"
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay_exp.analysis.selection", str(stage1), "--seeds", "0", "1",
+         "--out", str(out)], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "selection.csv").is_file() and (out / "brackets.csv").is_file()
+    assert "| fifo y=2 | 2048 | 4e-05 | 0.8 |" in (out / "summary.md").read_text()
