@@ -83,13 +83,15 @@ def baseline_label(runs: Runs, metric: str, x: str) -> str | None:
     return str(curves.groupby("label")["mean"].max().idxmax())
 
 
-def families(runs: Runs) -> tuple[dict[str, str], str | None]:
-    """Label -> Pareto family: over learning rates when ``algo.lr`` is swept (each family is a
-    configuration without its learning rate), else "on-policy" vs "replay". Also returns the
-    baseline family."""
+def families(runs: Runs, over: tuple[str, ...] = ("algo.lr",)) -> tuple[dict[str, str], str | None]:
+    """Label -> Pareto family: over the keys ``over`` that vary (each family is a
+    configuration without them; default: learning rates, e.g. ``("algo.lr",
+    "buffer.capacity")`` for an envelope over lr x N), else "on-policy" vs "replay". Also
+    returns the baseline family."""
     table = runs.runs.drop_duplicates("label")
-    if "algo.lr" in runs.config_keys:
-        keys = [k for k in runs.config_keys if k != "algo.lr"]
+    swept = [k for k in over if k in runs.config_keys]
+    if swept:
+        keys = [k for k in runs.config_keys if k not in swept]
         fam = {r["label"]: config_label(r.to_dict(), keys) for _, r in table.iterrows()}
     else:
         fam = {
@@ -167,12 +169,14 @@ def make_report(
     best_over_key: str | None = None,
     reference: str | None = None,
     interval: str = "t",
+    envelope_over: tuple[str, ...] = ("algo.lr",),
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files).
     ``best_over_key``: report only each configuration's best value of that key
     (:func:`best_over`), e.g. every arm at its best learning rate. ``reference``: compare to
     this configuration (:func:`pick_label`) instead of the on-policy baseline. ``interval``:
-    ``t`` or ``percentile`` (``replay_exp.analysis.stats``)."""
+    ``t`` or ``percentile`` (``replay_exp.analysis.stats``). ``envelope_over``: the keys each
+    Pareto envelope takes the best over (:func:`families`)."""
     runs = load_runs(paths, metric=metric, x=x)
     if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
@@ -196,7 +200,7 @@ def make_report(
 
     curves = curves_by_axis[x]
     if curves["label"].nunique() > 1:
-        fam, base_fam = families(runs)
+        fam, base_fam = families(runs, envelope_over)
         written += plot_pareto(curves, fam, out / f"pareto_{x}", x_label(x), y_label, base_fam)
 
     # Savings at the accuracy the baseline reaches, and the overall target of the heatmaps.
@@ -537,6 +541,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--logx", action="store_true", help="log-scale x for the accuracy curves")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (stats.csv)")
     p.add_argument(
+        "--envelope-over",
+        nargs="+",
+        default=["algo.lr"],
+        metavar="KEY",
+        help="keys each Pareto envelope takes the best over (default algo.lr; e.g. algo.lr "
+        "buffer.capacity: one envelope per arm over lr x N)",
+    )
+    p.add_argument(
         "--interval",
         default="t",
         choices=INTERVALS,
@@ -572,6 +584,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.best_over,
                 args.baseline,
                 args.interval,
+                tuple(args.envelope_over),
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

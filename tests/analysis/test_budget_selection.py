@@ -136,3 +136,20 @@ def test_selection_picks_each_arms_best_and_flags_unbracketed_lrs(stage1, tmp_pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "selection.csv").is_file() and (out / "brackets.csv").is_file()
     assert "| fifo y=2 | 2048 | 4e-05 | 0.8 |" in (out / "summary.md").read_text()
+
+
+def test_pareto_families_over_lr_and_buffer_size(stage1):
+    """--envelope-over algo.lr buffer.capacity: one envelope per arm (on-policy; FIFO y = 2
+    over N x lr); the default (lr only) keeps N = 512 and N = 2048 apart."""
+    from replay_exp.analysis.loader import load_runs
+    from replay_exp.analysis.report import families
+
+    runs = load_runs([stage1])
+    by_lr, _ = families(runs)
+    by_arm, _ = families(runs, ("algo.lr", "buffer.capacity"))
+    fifo = [lab for lab in by_arm if "fifo" in lab.lower() or "FIFO" in lab]
+    assert len(fifo) == 6 and len({by_arm[lab] for lab in fifo}) == 1
+    assert len({by_lr[lab] for lab in fifo}) == 2
+    on = [lab for lab in by_arm if lab not in fifo]
+    assert len(on) == 3 and len({by_arm[lab] for lab in on}) == 1
+    assert by_arm[on[0]] != by_arm[fifo[0]]
