@@ -144,6 +144,18 @@ STUDY_CONFIGS = (
 )
 
 
+def share_of_pairs_beyond(x: float, R: int, gap: float) -> float:
+    """The share of pairs of uses (distinct ages of one rollout) more than ``gap`` steps apart:
+    where rho(delta) comes from beyond the last measured delta."""
+    far = total = 0.0
+    for L, share in lifetimes(x, R):
+        d = np.arange(1, L)
+        pairs = L - d  # pairs at each gap
+        far += share * pairs[d > gap].sum()
+        total += share * pairs.sum()
+    return float(far / total) if total else 0.0
+
+
 def compare_models(
     mu: float, rho: Callable[[float], float], batch: int = 64, configs=STUDY_CONFIGS
 ) -> list[dict]:
@@ -158,6 +170,7 @@ def compare_models(
         gap = mean_reuse_gap(x, R)
         rows.append({
             "config": label, "x": x, "y": y, "mean_gap": gap, "rho_at_gap": rho(gap),
+            "pairs_beyond_16": share_of_pairs_beyond(x, R, 16),
             "exact": j_exact(x, y, R, mu, rho) / on,
             "paper_rho1": j_paper(x, y, mu, rho(1)) / paper_on,
             "paper_rho_gap": j_paper(x, y, mu, rho(gap)) / paper_on,
@@ -184,12 +197,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"mu = {args.mu}; rho(delta) at {noise['deltas']}: "
           f"{[round(r, 3) for r in noise['pooled']['rho']]} (constant beyond)")  # fmt: skip
     print("J / J_on-policy (below 1: replay predicted better); paper: its own on-policy J(1, 1)")
-    print(f"{'config':<18} {'x':>6} {'y':>3} {'gap':>6} {'rho':>5} {'exact':>7} "
+    print(f"{'config':<18} {'x':>6} {'y':>3} {'gap':>6} {'rho':>5} {'>16':>5} {'exact':>7} "
           f"{'paper rho(1)':>12} {'paper rho(gap)':>14}")  # fmt: skip
     for r in compare_models(args.mu, rho):
         print(f"{r['config']:<18} {r['x']:>6.0f} {r['y']:>3.0f} {r['mean_gap']:>6.1f} "
-              f"{r['rho_at_gap']:>5.3f} {r['exact']:>7.3f} {r['paper_rho1']:>12.3f} "
-              f"{r['paper_rho_gap']:>14.3f}")  # fmt: skip
+              f"{r['rho_at_gap']:>5.3f} {r['pairs_beyond_16']:>5.2f} {r['exact']:>7.3f} "
+              f"{r['paper_rho1']:>12.3f} {r['paper_rho_gap']:>14.3f}")  # fmt: skip
+    print(
+        "'>16': share of a rollout's pairs of uses more than 16 steps apart, where rho is the "
+        "extrapolation (constant at its last measured value)"
+    )
 
 
 if __name__ == "__main__":

@@ -102,3 +102,11 @@ def test_compare_models_normalises_each_model_by_its_own_on_policy_value():
     assert (row["x"], row["y"]) == (8, 2) and row["mean_gap"] == pytest.approx(3.0)
     assert row["exact"] == pytest.approx(0.70251, abs=1e-5)
     assert row["paper_rho1"] == pytest.approx(0.35236, abs=1e-5)
+
+
+def test_share_of_pairs_beyond_a_gap():
+    """x = 4 (lifetime 4): pairs at gaps 1, 2, 3 number 3, 2, 1; beyond gap 1: 3 of 6."""
+    from replay_exp.theory_exact import share_of_pairs_beyond
+
+    assert share_of_pairs_beyond(4, 8, 1) == pytest.approx(0.5)
+    assert share_of_pairs_beyond(4, 8, 3) == 0 and share_of_pairs_beyond(1, 8, 0) == 0
