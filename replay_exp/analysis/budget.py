@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step", type=float, default=150)
     p.add_argument("--n-boot", type=int, default=2000)
     args = p.parse_args(argv)
-    table = budget_table(args.sweep_dirs, start=args.start, step=args.step, n_boot=args.n_boot)
+    try:
+        table = budget_table(args.sweep_dirs, start=args.start, step=args.step, n_boot=args.n_boot)
+    except (FileNotFoundError, ValueError) as e:  # bad input: one line, nothing written
+        print(f"budget error: {e}", file=sys.stderr)
+        sys.exit(2)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "budget.csv", index=False)
     plot_budget(table, args.out / "budget.png")

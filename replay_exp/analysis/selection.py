@@ -18,6 +18,7 @@ configuration's score), ``brackets.csv`` and ``summary.md``.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tie", type=float, default=1e-3)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    runs = load_runs(args.sweep_dirs, metric=args.metric, x="compute").runs
+    try:
+        runs = load_runs(args.sweep_dirs, metric=args.metric, x="compute").runs
+    except (FileNotFoundError, ValueError) as e:  # bad input: one line, nothing written
+        print(f"selection error: {e}", file=sys.stderr)
+        sys.exit(2)
     table = scores(runs, args.seeds, args.tune)
     best, br = best_per_arm(table, args.tie), brackets(table, args.tune, args.tie)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -153,3 +153,15 @@ def test_pareto_families_over_lr_and_buffer_size(stage1):
     on = [lab for lab in by_arm if lab not in fifo]
     assert len(on) == 3 and len({by_arm[lab] for lab in on}) == 1
     assert by_arm[on[0]] != by_arm[fifo[0]]
+
+
+@pytest.mark.parametrize("module", ["budget", "selection"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, module):
+    out = tmp_path / "out"
+    extra = ["--seeds", "0"] if module == "selection" else []
+    proc = subprocess.run(
+        [sys.executable, "-m", f"replay_exp.analysis.{module}", str(tmp_path / "nope"), *extra,
+         "--out", str(out)], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith(f"{module} error: ")
+    assert len(proc.stderr.splitlines()) == 1 and not out.exists()
