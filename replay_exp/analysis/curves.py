@@ -186,14 +186,24 @@ def compute_to_target(x: Sequence[float], y: Sequence[float], target: float) -> 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     ok = ~(np.isnan(x) | np.isnan(y))
     x, y = x[ok], y[ok]
-    hit = np.flatnonzero(y >= target)
-    if len(hit) == 0:
+    if len(y) == 0:
         return float("inf")
-    i = hit[0]
-    if i == 0:
-        return float(x[0])
-    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
+    return float(compute_to_target_columns(x, y[:, None], np.array([target]))[0])
+
+
+def compute_to_target_columns(x: np.ndarray, m: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """:func:`compute_to_target` of every column of ``m`` [K, R] (NaN-free curves on ``x``) at
+    its own target [R], at once: the first point at or above the target, interpolated linearly
+    from the point before (the first point itself if it is there already); ``inf`` if none."""
+    hit = m >= target
+    i = hit.argmax(axis=0)
+    cols = np.arange(m.shape[1])
+    prev = np.maximum(i - 1, 0)
+    y0, y1 = m[prev, cols], m[i, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at = x[prev] + (target - y0) * (x[i] - x[prev]) / (y1 - y0)
+    at = np.where(i == 0, x[0], at)
+    return np.where(hit.any(axis=0), at, np.inf)
 
 
 def drawdown(values: np.ndarray, axis: int = -1) -> np.ndarray | float:

@@ -71,7 +71,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replay_exp.analysis.curves import drawdown, interpolate, x_column
+from replay_exp.analysis.curves import (
+    compute_to_target_columns,
+    drawdown,
+    interpolate,
+    x_column,
+)
 from replay_exp.analysis.tdist import t_quantile
 from replay_exp.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.logging import read_metrics
@@ -183,21 +188,6 @@ def build_arms(
     return grid, arms
 
 
-def _to_target(grid: np.ndarray, m: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """``replay_exp.analysis.curves.compute_to_target`` of every column of ``m`` [K, R] (NaN-free
-    curves on ``grid``) at its own target [R], vectorised: the first grid point at or above
-    the target, interpolated linearly from the point before; ``inf`` if none."""
-    hit = m >= target
-    i = hit.argmax(axis=0)
-    cols = np.arange(m.shape[1])
-    prev = np.maximum(i - 1, 0)
-    y0, y1 = m[prev, cols], m[i, cols]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = grid[prev] + (target - y0) * (grid[i] - grid[prev]) / (y1 - y0)
-    x = np.where(i == 0, grid[0], x)
-    return np.where(hit.any(axis=0), x, np.inf)
-
-
 def _statistics(
     grid: np.ndarray,
     m_arm: np.ndarray,
@@ -209,7 +199,8 @@ def _statistics(
     """final / peak differences, the saving and the stability, for curves [K, R] (R
     replicates) and mean drawdowns [R]."""
     target = frac * m_base.max(axis=0)
-    x_arm, x_base = _to_target(grid, m_arm, target), _to_target(grid, m_base, target)
+    x_arm = compute_to_target_columns(grid, m_arm, target)
+    x_base = compute_to_target_columns(grid, m_base, target)
     with np.errstate(divide="ignore", invalid="ignore"):
         saving = np.where(x_base > 0, 1.0 - x_arm / np.where(x_base > 0, x_base, 1), np.nan)
     return {
