@@ -54,13 +54,62 @@ def _no_cluster_reason() -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def _slurm_cluster(_no_cluster_reason):
-    """Skip without a cluster, or fail when CI=true (CI brings one up and must test it)."""
+# Idle cores the tests need at once (the W + T = 2 job); waited for up to _BUSY_WAIT_S.
+_CORES_NEEDED, _BUSY_WAIT_S = 2, 90
+
+
+@pytest.fixture(scope="module")
+def _busy_reason(_no_cluster_reason) -> str | None:
+    """Why the cluster cannot start the tests' jobs now (other jobs hold its cores), or None.
+    Without this a queue full of someone's study jobs shows up as 400 s timeouts (it did once:
+    a study sweep left running on the cluster CI then found and used)."""
     if _no_cluster_reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but no SLURM cluster: {_no_cluster_reason}")
-        pytest.skip(_no_cluster_reason)
+        return None
+    # Pending jobs that are not held would take the cores before the tests' jobs (older).
+    pending = [
+        line
+        for line in subprocess.run(
+            ["squeue", "-h", "-t", "PD", "-o", "%i %j %r"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        ).stdout.split("\n")
+        if line and "JobHeld" not in line
+    ]
+    if pending:
+        waiting = "; ".join(pending)
+        return f"jobs wait in the queue ahead of the tests': {waiting} (scontrol hold ID)"
+    deadline = time.monotonic() + _BUSY_WAIT_S
+    while True:
+        # %C: allocated/idle/other/total CPUs over the partition's nodes.
+        cpus = subprocess.run(
+            ["sinfo", "-h", "-p", "debug", "-o", "%C"], capture_output=True, text=True, timeout=15
+        ).stdout.strip()
+        idle = int(cpus.split("/")[1]) if cpus.count("/") == 3 else 0
+        if idle >= _CORES_NEEDED or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    if idle >= _CORES_NEEDED:
+        return None
+    jobs = subprocess.run(
+        ["squeue", "-h", "-t", "R", "-o", "%i %j"], capture_output=True, text=True, timeout=15
+    ).stdout.split("\n")
+    return (
+        f"partition debug has {idle} idle CPUs (allocated/idle/other/total {cpus}) after "
+        f"{_BUSY_WAIT_S} s; the tests need {_CORES_NEEDED}. Running jobs: "
+        f"{'; '.join(j for j in jobs if j) or 'none'} (suspend or cancel them: scontrol suspend ID)"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _slurm_cluster(_no_cluster_reason, _busy_reason):
+    """Skip without a cluster or with its cores held by other jobs, or fail when CI=true (CI
+    brings one up and must test it)."""
+    for reason, what in ((_no_cluster_reason, "no SLURM cluster"), (_busy_reason, "busy")):
+        if reason is not None:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true but {what}: {reason}")
+            pytest.skip(reason)
 
 
 def _sweep(fast, tmp_path, *extra) -> list[str]:

@@ -1,0 +1,60 @@
+"""The committed archive of study runs (replay_exp/analysis/archive.py): an archived run loads
+and compares exactly as its source does; unfinished runs are skipped; a clash loses nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from replay_exp.analysis.archive import archive, main
+from replay_exp.analysis.loader import load_runs
+from replay_exp.analysis.stats import compare_to_baseline
+
+
+def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_sweeps, tmp_path):
+    src = tiny_sweeps["compute"]
+    done = archive([src], tmp_path / "archive")
+    assert len(done["written"]) == 4 and not done["skipped"]
+    copy = tmp_path / "archive" / src.name
+    a, b = load_runs([src]), load_runs([copy])
+    cols = ["label", "seed", "status", "last_step", "initial", "final", "peak"]
+    cols += [c for c in a.runs if c.endswith(("_at_peak", "_to_target"))]
+    key = ["label", "seed"]
+    pd.testing.assert_frame_equal(
+        a.runs[cols].sort_values(key).reset_index(drop=True),
+        b.runs[cols].sort_values(key).reset_index(drop=True),
+    )
+    # The verdicts (problem bootstrap inside: eval_details.jsonl kept whole) are identical.
+    sa = compare_to_baseline(a, "on-policy", n_boot=200)
+    sb = compare_to_baseline(b, "on-policy", n_boot=200)
+    pd.testing.assert_frame_equal(sa, sb)
+    # Fewer rows: only evaluations (every 2 of 4 steps: 0, 2, 4) and the last one.
+    meta = json.loads(next(copy.rglob("archive.json")).read_text())
+    assert meta["rows_kept"] < meta["rows_source"]
+    # Archiving again changes nothing.
+    again = archive([src], tmp_path / "archive")
+    assert len(again["unchanged"]) == 4 and not again["written"]
+
+
+def test_unfinished_runs_are_skipped_and_a_clash_writes_nothing(tiny_sweeps, tmp_path, capsys):
+    src = tmp_path / "compute"
+    shutil.copytree(tiny_sweeps["compute"], src)
+    runs = sorted(p.parent for p in src.rglob("summary.json"))
+    (runs[0] / "summary.json").unlink()  # an unfinished run
+    out = tmp_path / "archive"
+    assert main([str(src), "--out", str(out)]) == 0
+    assert "skipped: 1" in capsys.readouterr().out
+    # A different run under an archived name: an error naming it, and nothing overwritten.
+    victim = out / "compute" / runs[1].relative_to(src) / "metrics.jsonl"
+    before = victim.read_text()
+    with (runs[1] / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 99, "eval/pass@1": 1.0}) + "\n")
+    assert main([str(src), "--out", str(out)]) == 2
+    assert "differ from their sources" in capsys.readouterr().err
+    assert victim.read_text() == before
+    with pytest.raises(ValueError):
+        archive([src], out)
+    assert archive([src], out, force=True)["written"] == [str(victim.parent.relative_to(out))]
