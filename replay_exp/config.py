@@ -492,6 +492,14 @@ def check_distributed(cfg: DictConfig) -> None:
     if r.groups_per_batch is not None:
         _positive("runtime.groups_per_batch", r.groups_per_batch)
     _positive("runtime.max_in_flight", r.max_in_flight)
+    if r.generation_cost not in ("measured", "modelled"):
+        _fail(
+            f"runtime.generation_cost={r.generation_cost} is unknown; choose measured or modelled"
+        )
+    if r.cost_model.length_sigma < 0:
+        _fail(f"runtime.cost_model.length_sigma={r.cost_model.length_sigma} must be >= 0")
+    if r.cost_model.reference_s_per_sample is not None:
+        _positive("runtime.cost_model.reference_s_per_sample", r.cost_model.reference_s_per_sample)
 
 
 class Arrivals(NamedTuple):

@@ -171,6 +171,14 @@ class RuntimeConfig:
 
 
 @dataclass
+class CostModelConfig:
+    """``runtime.cost_model``: the GPU-node timing of ``generation_cost=modelled``."""
+
+    length_sigma: float = MISSING  # log-sd of the relative response lengths (the tail)
+    reference_s_per_sample: float | None = MISSING  # fixed trainer s/sample; null: measured
+
+
+@dataclass
 class DistributedRuntimeConfig(RuntimeConfig):
     """``runtime=distributed``: W generator + T trainer processes (replay_exp.runtime)."""
 
@@ -181,6 +189,8 @@ class DistributedRuntimeConfig(RuntimeConfig):
     heartbeat_timeout_s: float = MISSING  # a silent generator is declared dead after this
     rendezvous_timeout_s: float = MISSING  # ranks wait this long for each other at start
     check_replicas: bool = MISSING  # compare the trainers' weights after every step (ddp)
+    generation_cost: str = MISSING  # measured | modelled (a GPU node's timing)
+    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
 
 
 # --- algo -------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ calls. One per inference worker (W of them).
         take the newest weights pushed by trainer rank 0, if any (never mid-generation)
         prompts = the next groups_per_batch problems of this generator's own stream
         rollouts = generate G samples each, rewards, advantages frozen, behaviour log-probs
+        runtime.generation_cost=modelled: wait until the call has lasted what a GPU node
+            would spend on it (replay_exp/runtime/gencost.py)
         send each prompt group to its trainer's buffer shard (global group id mod T)
 
 Batch ``j`` of generator ``w`` (w = 0..W-1) holds the global prompt groups
@@ -27,6 +29,7 @@ from replay_exp.checkpoint import read_snapshot
 from replay_exp.models import load_policy
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, with_trainer_logp
+from replay_exp.runtime import gencost
 from replay_exp.runtime.channels import (
     STOP,
     Heartbeat,
@@ -76,7 +79,12 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
     numel = flatten(policy.state_dict(), keys).numel()
     weights = WeightReceiver(store, w, numel, policy.dtype)
     sender = RolloutSender(store, w, list(range(T)), cfg.runtime.max_in_flight)
-    counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0}
+    counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0,
+                "slept_seconds": 0.0, "overruns": 0}  # fmt: skip
+    modelled = cfg.runtime.generation_cost == "modelled"
+    cost = gencost.ModelledCost(cfg.compute.mu, cfg.runtime.cost_model.length_sigma)
+    reference = cfg.runtime.cost_model.reference_s_per_sample
+    calibrated = None  # this generator's own estimate, until the trainers publish theirs
     log.info("generator %d (rank %d): %d groups of %d per call, from version %d", w, rank, P, G,
              version)  # fmt: skip
     while True:
@@ -106,6 +114,23 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
                 policy, fresh, cfg.generation.temperature, "gap", a.micro_batch_size
             )
         seconds = time.perf_counter() - t0
+        if modelled:  # sleep until the batch has taken what a GPU node would spend on it
+            per_sample = reference or gencost.published_seconds(store)
+            if per_sample is None:
+                if calibrated is None:
+                    calibrated = gencost.time_training(
+                        policy, fresh, g.temperature, a.micro_batch_size
+                    )
+                per_sample = calibrated
+            rng_cost = np.random.default_rng(derive_seed(cfg.seed, "gencost", w, j))
+            target = cost.batch_seconds(len(fresh), per_sample, rng_cost)
+            elapsed = time.perf_counter() - t0  # the generation (and a first calibration)
+            if target > elapsed:
+                time.sleep(target - elapsed)
+                counters["slept_seconds"] += target - elapsed
+            else:
+                counters["overruns"] += 1
+            seconds = max(target, elapsed)
         counters["gen_seconds"] += seconds
         for t, part in split_by_trainer(fresh, T):
             payload = {"batch": batch_to_dict(part), "generator": w, "j": j,

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from replay_exp.checkpoint import Checkpointer, read_snapshot
 from replay_exp.compute import Ledger
+from replay_exp.runtime import gencost
 from replay_exp.runtime.accounting import buffer_views, merged_ledger, runtime_metrics
 from replay_exp.runtime.base import Arrival
 from replay_exp.runtime.channels import (
@@ -168,6 +169,8 @@ class TrainerRank:
             self.newest = {g: int(st["next_batch"][str(g - T)]) - 1 for g in self.generators}
             self.replica_checks = int(st["replica_checks"])
             self.resumed = (snap.step, snap.trainer["first_eval"], snap.trainer["last_eval"])
+        self.store = store
+        self.publish_cost = self.lead and cfg.runtime.generation_cost == "modelled"
         self.inbox = RolloutReceiver(store, rank, self.generators, first=T)
         self.monitor = HeartbeatMonitor(store, self.generators, cfg.runtime.heartbeat_timeout_s)
         self.pusher = WeightPusher(store, self.generators, first=T) if self.lead else None
@@ -233,6 +236,9 @@ class TrainerRank:
             if len(set(digests)) != 1:
                 raise RuntimeError(f"version {version}: trainer replicas differ after the update")
             self.replica_checks += 1
+        led = self.p.ledger
+        if self.publish_cost and led.samples_trained:  # what modelled generation is timed by
+            self.store.set(gencost.STORE_KEY, repr(led.seconds_train / led.samples_trained))
         push = self.sync(version) or version == self.d.total_steps
         if push or need_weights:
             self.weights = full_state(self.p.model, self.wrapper)

@@ -1,0 +1,96 @@
+"""runtime.generation_cost=modelled (replay_exp/runtime/gencost.py): a generator's calls last
+what a GPU node would spend on them, and the ledger charges that. The cost model's numbers are
+checked against closed forms; the mechanism in a real W = 1, T = 1 run against the model
+recomputed from the same seeds. How close the realised ratio gets to compute.mu with the
+trainers' running measurement is a timing, printed by bench/generation_cost.py, not tested."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from replay_exp.runtime.gencost import ModelledCost, expected_max, lengths
+from replay_exp.schedule import derive_seed
+
+
+def test_expected_max_of_two_lengths_is_the_closed_form():
+    """For iid log-normal X1, X2 with mean 1, E max = 1 + E|X1 - X2| / 2 = 1 + G, with the Gini
+    coefficient G = 2 Phi(sigma / sqrt 2) - 1: E max = 2 Phi(sigma / sqrt 2). sigma = 0.5:
+    Phi(0.353553) = 0.638163, so 1.276326."""
+    assert expected_max(2, 0.5) == pytest.approx(1.276326, rel=5e-3)
+    assert expected_max(1, 0.5) == pytest.approx(1.0, rel=5e-3)  # the mean itself
+    assert expected_max(16, 0.0) == 1.0
+
+
+def test_batch_seconds_average_mu_per_rollout_and_spread_with_the_tail():
+    """sigma = 0: every call of n rollouts costs n mu t exactly (16 x 6.84 x 0.01 = 1.0944 s).
+    sigma > 0: the mean stays n mu t (the max is normalised by its expectation) and the spread
+    grows with sigma."""
+    t, n = 0.01, 16
+    flat = ModelledCost(6.84, 0.0)
+    assert flat.batch_seconds(n, t, np.random.default_rng(0)) == pytest.approx(1.0944)
+    spreads = []
+    for sigma in (0.3, 1.0):
+        cost, rng = ModelledCost(6.84, sigma), np.random.default_rng(1)
+        draws = np.array([cost.batch_seconds(n, t, rng) for _ in range(20000)])
+        assert draws.mean() == pytest.approx(1.0944, rel=0.02)
+        spreads.append(draws.std() / draws.mean())
+    assert spreads[0] < spreads[1]
+    # Same seed, same lengths (a relaunch redraws a call's cost exactly).
+    a = lengths(np.random.default_rng(5), 8, 0.5)
+    assert np.array_equal(a, lengths(np.random.default_rng(5), 8, 0.5))
+
+
+@pytest.mark.slow
+def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
+    """W = 1, T = 1, fixed reference 0.02 s per trained sample, mu = 6.84, sigma = 0.5: each
+    call of 16 rollouts lasts 16 x 6.84 x 0.02 x max L / E max (~2.2 s, far above the real
+    generation), so the ledger's generation seconds are exactly the model's, call by call, for
+    the calls that arrived (seeds derive_seed(0, "gencost", 0, j))."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={run_dir}", "seed=0",
+        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+        "schedule.trainers=1", "schedule.max_steps=6", "eval.every=6", "compute.mu=6.84",
+        "runtime.generation_cost=modelled", "runtime.cost_model.reference_s_per_sample=0.02",
+        "runtime.cost_model.length_sigma=0.5",
+    ]  # fmt: skip
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["runtime"]["balanced"] is True
+    rollouts, n = summary["compute"]["rollouts"], 16  # B / (G T) = 4 groups of 4 per call
+    assert rollouts % n == 0 and rollouts >= n
+    cost = ModelledCost(6.84, 0.5)
+    expected = sum(
+        cost.batch_seconds(n, 0.02, np.random.default_rng(derive_seed(0, "gencost", 0, j)))
+        for j in range(rollouts // n)
+    )
+    # Equal: no call overran its model (an overrun would charge its longer real time).
+    assert summary["compute"]["seconds_gen"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("runtime.generation_cost=gpu", "runtime.generation_cost=gpu is unknown"),
+        ("runtime.cost_model.length_sigma=-1", "runtime.cost_model.length_sigma=-1"),
+        ("runtime.cost_model.reference_s_per_sample=0", "reference_s_per_sample"),
+    ],
+)
+def test_bad_cost_model_settings_fail_at_resolve(fast, tmp_path, override, message):
+    cmd = [
+        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={tmp_path / 'run'}",
+        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+        "schedule.trainers=1", override,
+    ]  # fmt: skip
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert not (tmp_path / "run").exists()  # nothing written before the error
