@@ -196,6 +196,12 @@ def main(argv: list[str] | None = None) -> None:
         default=Path("analysis/results/theory_vs_experiment/noise.json"),
         help="a measure_noise output: rho(delta) from its pooled estimate",
     )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write compare.csv and compare.png (the two models side by side) here",
+    )
     args = p.parse_args(argv)
     noise = json.loads(args.noise.read_text())
     rho = rho_interpolated(noise["deltas"], noise["pooled"]["rho"])
@@ -211,6 +217,42 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['paper_rho1']:>12.3f} {r['paper_rho_gap']:>14.3f}")  # fmt: skip
     print(f"'>{last}': share of a rollout's pairs of uses more than {last} steps apart, where "
           "rho is the extrapolation (constant at its last measured value)")  # fmt: skip
+    if args.out is not None:
+        plot_comparison(compare_models(args.mu, rho, measured_to=last), args.out, args.mu)
+
+
+def plot_comparison(rows: list[dict], out, mu: float) -> None:
+    """compare.csv and compare.png: J / J_on-policy per configuration under the exact rate
+    and under the paper's bound (rho at delta = 1 and at the mean reuse gap), 1 = on-policy."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "compare.csv", index=False)
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
+    pos = np.arange(len(table))
+    for k, (col, name, marker) in enumerate((
+        ("exact", "exact rate, measured rho(delta)", "o"),
+        ("paper_rho1", "paper's bound, rho(1)", "s"),
+        ("paper_rho_gap", "paper's bound, rho(mean gap)", "^"),
+    )):  # fmt: skip
+        ax.scatter(pos + (k - 1) * 0.15, table[col], marker=marker, label=name, zorder=3)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--", label="on-policy baseline")
+    ax.set_xticks(pos, table["config"], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("J / J_on-policy (below 1: replay predicted better)")
+    ax.set_title(f"Gradient noise per unit of compute, mu = {mu:g}", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "compare.png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,20 @@ def test_share_of_pairs_beyond_a_gap():
 
     assert share_of_pairs_beyond(4, 8, 1) == pytest.approx(0.5)
     assert share_of_pairs_beyond(4, 8, 3) == 0 and share_of_pairs_beyond(1, 8, 0) == 0
+
+
+def test_the_cli_writes_the_comparison_table_and_figure(tmp_path, capsys):
+    """rho(delta) = 0.5 everywhere (a two-point noise file): every config's exact J/J_on in the
+    printed table and in compare.csv, with the figure beside it."""
+    import json
+
+    import pandas as pd
+
+    from replay_exp.theory_exact import main
+
+    noise = tmp_path / "noise.json"
+    noise.write_text(json.dumps({"deltas": [1, 2], "pooled": {"rho": [0.5, 0.5]}}))
+    main(["--noise", str(noise), "--out", str(tmp_path / "out")])
+    table = pd.read_csv(tmp_path / "out" / "compare.csv")
+    assert len(table) == 7 and (tmp_path / "out" / "compare.png").stat().st_size > 10_000
+    assert f"{table['exact'][0]:.3f}" in capsys.readouterr().out
