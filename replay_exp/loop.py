@@ -149,9 +149,13 @@ def build_parts(
             cfg, run_dir, {**OmegaConf.to_container(cfg), "derived": dataclasses.asdict(d)}
         )
         parts.details_log = MetricsWriter(run_dir / "eval_details.jsonl")
+        # Evaluation samples the trainer's weights with the hf backend, whatever generates the
+        # rollouts (a vllm generator's engine lives in another process under
+        # runtime=distributed); its settings are the hf defaults then.
+        hf = g.backend == "hf"
         parts.evaluator = HFGenerator(
             eval_model, tokenizer.pad_token_id, tokenizer.eos_token_id,
-            chunk_size=g.chunk_size, sampler=g.sampler,
+            chunk_size=g.chunk_size if hf else 512, sampler=g.sampler if hf else "cached_loop",
         )  # fmt: skip
     return parts
 
