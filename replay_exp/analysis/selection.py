@@ -4,7 +4,8 @@ whether the learning-rate grid brackets it.
 An **arm** is what a study compares (on-policy, FIFO at reuse y); within an arm the tuned
 keys (``--tune``, default buffer capacity and learning rate) span its configurations. For
 each configuration the score is the mean over the selection seeds (``--seeds``) of the final
-value of the metric (the last evaluation, at the budget). Each arm's best configuration is the
+value of the metric (the last evaluation, at the budget), or with ``--score peak`` of its best
+evaluation. Each arm's best configuration is the
 one with the highest score; ties within ``--tie`` go to the larger learning rate. For every
 (arm, other tuned keys) the best learning rate is **bracketed** when it is strictly inside the
 grid tried; an edge means the grid must be widened before stage 2 (the sweep headers say by
@@ -35,9 +36,12 @@ def arm_name(row: pd.Series) -> str:
     return f"{row.get('buffer.name')} y={float(row.get('derived.reuse_ratio')):g}"
 
 
-def scores(runs: pd.DataFrame, seeds: list[int], tune: list[str]) -> pd.DataFrame:
-    """One row per (arm, tuned values): the mean final over the selection seeds, how many of
-    them finished, and their finals."""
+def scores(
+    runs: pd.DataFrame, seeds: list[int], tune: list[str], score: str = "final"
+) -> pd.DataFrame:
+    """One row per (arm, tuned values): the mean over the selection seeds of each run's
+    ``score`` (``final``: the last evaluation; ``peak``: the best one), how many of them
+    finished, and their values (``per_seed``)."""
     done = runs[(runs["status"] == "finished") & runs["seed"].isin(seeds)].copy()
     done["arm"] = done.apply(arm_name, axis=1)
     for key in tune:
@@ -45,8 +49,8 @@ def scores(runs: pd.DataFrame, seeds: list[int], tune: list[str]) -> pd.DataFram
             done[key] = float("nan")
     keys = ["arm", *tune]
     grouped = done.groupby(keys, dropna=False)
-    table = grouped["final"].agg(["mean", "count"]).reset_index()
-    table["finals"] = grouped["final"].apply(lambda v: " ".join(f"{x:.4f}" for x in v)).values
+    table = grouped[score].agg(["mean", "count"]).reset_index()
+    table["per_seed"] = grouped[score].apply(lambda v: " ".join(f"{x:.4f}" for x in v)).values
     return table.rename(columns={"mean": "score", "count": "seeds_done"})
 
 
@@ -99,6 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", required=True)
     p.add_argument("--tune", nargs="+", default=["buffer.capacity", LR])
     p.add_argument("--metric", default="eval/pass@1")
+    p.add_argument(
+        "--score",
+        choices=["final", "peak"],
+        default="final",
+        help="what a run scores: its last evaluation or its best one",
+    )
     p.add_argument("--tie", type=float, default=1e-3)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:  # bad input: one line, nothing written
         print(f"selection error: {e}", file=sys.stderr)
         sys.exit(2)
-    table = scores(runs, args.seeds, args.tune)
+    table = scores(runs, args.seeds, args.tune, args.score)
     best, br = best_per_arm(table, args.tie), brackets(table, args.tune, args.tie)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "selection.csv", index=False)
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "# Stage 1: selection",
         "",
         f"Runs: {', '.join(map(str, args.sweep_dirs))}; selection seeds "
-        f"{' '.join(map(str, args.seeds))}; score = mean final `{args.metric}` over them "
+        f"{' '.join(map(str, args.seeds))}; score = mean {args.score} `{args.metric}` over them "
         f"(ties within {args.tie:g}: the larger lr). Unfinished runs are left out "
         f"({int((runs['status'] != 'finished').sum())} of {len(runs)}).",
         "",

@@ -165,3 +165,23 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, module):
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith(f"{module} error: ")
     assert len(proc.stderr.splitlines()) == 1 and not out.exists()
+
+
+def test_selection_by_peak_picks_the_lr_whose_curve_peaked_highest(tmp_path):
+    """Two lrs of one arm, seeds 0, 1: lr 1e-4 peaks at 250/300 at x = 50 and ends at 150;
+    lr 2e-4 reaches 200 and stays. By final: 2e-4 (0.667 > 0.5); by peak: 1e-4 (0.833)."""
+    from replay_exp.analysis.loader import load_runs
+
+    root = tmp_path / "peaks"
+    for lr, curve in ((1e-4, {0: 60, 50: 250, 100: 150}), (2e-4, {0: 60, 50: 200, 100: 200})):
+        for s in range(2):
+            cfg = {"seed": s, "buffer": {"name": "fifo", "capacity": 256},
+                   "algo": {"lr": lr}, "derived": {"reuse_ratio": 2.0}}  # fmt: skip
+            _run(root, f"lr={lr},seed={s}", cfg, curve)
+    runs = load_runs([root]).runs
+    by_final = best_per_arm(scores(runs, [0, 1], ["algo.lr"]))
+    by_peak = best_per_arm(scores(runs, [0, 1], ["algo.lr"], score="peak"))
+    assert by_final.iloc[0]["algo.lr"] == 2e-4
+    assert by_final.iloc[0]["score"] == pytest.approx(200 / J)
+    assert by_peak.iloc[0]["algo.lr"] == 1e-4
+    assert by_peak.iloc[0]["score"] == pytest.approx(250 / J)
