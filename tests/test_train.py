@@ -152,3 +152,18 @@ def test_compute_grid_evaluates_every_arm_at_the_same_x(fast, tmp_path):
     assert evals["on_policy"] == pytest.approx([0, 2, 4])
     assert evals["replay"][0] == 0 and 2 <= evals["replay"][1] < 2 + 0.35
     assert 3.5 < evals["replay"][2] <= 4  # the budget buys whole steps at the full cost
+
+
+def test_diagnostics_do_not_change_training(fast, tmp_path):
+    """logger.diagnostics=false (what the 3000-unit studies set: the per-step no-grad forward
+    was ~1/5 of their wall time, uncharged) drops diag/* and nothing else: every other metric
+    of every row, evaluations included, is the same number (wall-clock keys aside)."""
+    rows = {}
+    for on in (True, False):
+        run_dir = tmp_path / f"diag_{on}"
+        _run([*fast, "schedule.max_steps=6", "schedule.reuse_ratio=2", "eval.every=3",
+              f"logger.diagnostics={str(on).lower()}"], run_dir)  # fmt: skip
+        rows[on] = without_wall_clock(read_metrics(run_dir / "metrics.jsonl"))
+    with_diag = [{k: v for k, v in r.items() if not k.startswith("diag/")} for r in rows[True]]
+    assert any(k.startswith("diag/") for r in rows[True] for k in r)
+    assert with_diag == rows[False]
