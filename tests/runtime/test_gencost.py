@@ -46,24 +46,31 @@ def test_batch_seconds_average_mu_per_rollout_and_spread_with_the_tail():
     assert np.array_equal(a, lengths(np.random.default_rng(5), 8, 0.5))
 
 
+def _modelled_run(fast, tmp_path, *extra) -> dict:
+    """A 6-step W = 1, T = 1 run at mu = 6.84 with modelled generation cost; its summary."""
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={run_dir}", "seed=0",
+        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+        "schedule.trainers=1", "schedule.max_steps=6", "eval.every=6", "compute.mu=6.84",
+        "runtime.generation_cost=modelled", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
     """W = 1, T = 1, fixed reference 0.02 s per trained sample, mu = 6.84, sigma = 0.5: each
     call of 16 rollouts lasts 16 x 6.84 x 0.02 x max L / E max (~2.2 s, far above the real
     generation), so the ledger's generation seconds are exactly the model's, call by call, for
     the calls that arrived (seeds derive_seed(0, "gencost", 0, j))."""
-    run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={run_dir}", "seed=0",
-        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
-        "schedule.trainers=1", "schedule.max_steps=6", "eval.every=6", "compute.mu=6.84",
-        "runtime.generation_cost=modelled", "runtime.cost_model.reference_s_per_sample=0.02",
+    summary = _modelled_run(
+        fast, tmp_path, "runtime.cost_model.reference_s_per_sample=0.02",
         "runtime.cost_model.length_sigma=0.5",
-    ]  # fmt: skip
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    )  # fmt: skip
     assert summary["runtime"]["balanced"] is True
     rollouts, n = summary["compute"]["rollouts"], 16  # B / (G T) = 4 groups of 4 per call
     assert rollouts % n == 0 and rollouts >= n
@@ -103,16 +110,6 @@ def test_a_modelled_run_on_the_trainers_measured_cost_finishes_above_the_cpus_ra
     costs well under one trained sample here (measured ratio 0.3-0.5); modelled at mu = 6.84
     the realised ratio must be above 1 (that it lands within 10 % of mu on a quiet machine is
     bench/generation_cost.py's to show, not a test's)."""
-    run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={run_dir}", "seed=0",
-        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
-        "schedule.trainers=1", "schedule.max_steps=6", "eval.every=6", "compute.mu=6.84",
-        "runtime.generation_cost=modelled",
-    ]  # fmt: skip
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = _modelled_run(fast, tmp_path)
     assert summary["runtime"]["balanced"] is True
     assert summary["compute"]["measured_mu"] > 1.0
