@@ -2,7 +2,9 @@
 whether the learning-rate grid brackets it.
 
 An **arm** is what a study compares (on-policy, FIFO at reuse y); within an arm the tuned
-keys (``--tune``, default buffer capacity and learning rate) span its configurations. For
+keys (``--tune``, default buffer capacity and learning rate) span its configurations;
+``--arm-keys`` splits arms further by config keys (a study of corrections: ``--arm-keys
+algo.name algo.mask algo.proximal algo.tis_level``, one arm per loss and mask). For
 each configuration the score is the mean over the selection seeds (``--seeds``) of the final
 value of the metric (the last evaluation, at the budget), or with ``--score peak`` of its best
 evaluation. Each arm's best configuration is the
@@ -19,7 +21,9 @@ configuration's score), ``brackets.csv`` and ``summary.md``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -29,21 +33,34 @@ from replay_exp.analysis.loader import load_runs
 LR = "algo.lr"
 
 
-def arm_name(row: pd.Series) -> str:
-    """on-policy, or '<buffer> y=<reuse>'."""
+def arm_name(row: pd.Series, arm_keys: Sequence[str] = ()) -> str:
+    """on-policy, or '<buffer> y=<reuse>'; then ``leaf=value`` for each of ``arm_keys`` that
+    is set (e.g. ``fifo y=8, name=cispo, mask=icepop`` with ``algo.name algo.mask``)."""
     if row.get("buffer.name") == "on_policy":
-        return "on-policy"
-    return f"{row.get('buffer.name')} y={float(row.get('derived.reuse_ratio')):g}"
+        base = "on-policy"
+    else:
+        base = f"{row.get('buffer.name')} y={float(row.get('derived.reuse_ratio')):g}"
+    extra = [f"{k.split('.')[-1]}={row.get(k)}" for k in arm_keys if _is_set(row.get(k))]
+    return ", ".join([base, *extra])
+
+
+def _is_set(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v != "none"
 
 
 def scores(
-    runs: pd.DataFrame, seeds: list[int], tune: list[str], score: str = "final"
+    runs: pd.DataFrame,
+    seeds: list[int],
+    tune: list[str],
+    score: str = "final",
+    arm_keys: Sequence[str] = (),
 ) -> pd.DataFrame:
     """One row per (arm, tuned values): the mean over the selection seeds of each run's
     ``score`` (``final``: the last evaluation; ``peak``: the best one), how many of them
-    finished, and their values (``per_seed``)."""
+    finished, and their values (``per_seed``). ``arm_keys``: config keys whose values split
+    arms further (:func:`arm_name`), e.g. the loss and its mask in a study of corrections."""
     done = runs[(runs["status"] == "finished") & runs["seed"].isin(seeds)].copy()
-    done["arm"] = done.apply(arm_name, axis=1)
+    done["arm"] = done.apply(arm_name, axis=1, arm_keys=arm_keys)
     for key in tune:
         if key not in done:
             done[key] = float("nan")
@@ -102,6 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("sweep_dirs", nargs="+", type=Path)
     p.add_argument("--seeds", type=int, nargs="+", required=True)
     p.add_argument("--tune", nargs="+", default=["buffer.capacity", LR])
+    p.add_argument(
+        "--arm-keys",
+        nargs="+",
+        default=[],
+        help="config keys that split arms further (e.g. algo.name algo.mask algo.proximal)",
+    )
     p.add_argument("--metric", default="eval/pass@1")
     p.add_argument(
         "--score",
@@ -117,8 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as e:  # bad input: one line, nothing written
         print(f"selection error: {e}", file=sys.stderr)
         sys.exit(2)
-    table = scores(runs, args.seeds, args.tune, args.score)
+    table = scores(runs, args.seeds, args.tune, args.score, args.arm_keys)
     best, br = best_per_arm(table, args.tie), brackets(table, args.tune, args.tie)
+    best = best.sort_values("score", ascending=False, kind="stable")  # the ranking of arms
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "selection.csv", index=False)
     br.to_csv(args.out / "brackets.csv", index=False)
@@ -130,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(ties within {args.tie:g}: the larger lr). Unfinished runs are left out "
         f"({int((runs['status'] != 'finished').sum())} of {len(runs)}).",
         "",
-        "## Each arm's selected configuration",
+        "## Each arm's selected configuration (best first)",
         "",
         markdown(best) if len(best) else "(none finished)",
         "",

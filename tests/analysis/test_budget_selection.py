@@ -185,3 +185,36 @@ def test_selection_by_peak_picks_the_lr_whose_curve_peaked_highest(tmp_path):
     assert by_final.iloc[0]["score"] == pytest.approx(200 / J)
     assert by_peak.iloc[0]["algo.lr"] == 1e-4
     assert by_peak.iloc[0]["score"] == pytest.approx(250 / J)
+
+
+def test_arm_keys_split_arms_by_correction_and_rank_them(tmp_path):
+    """One reuse, three corrections (GRPO plain, GRPO + IcePop mask, CISPO) x lr 1e-5 / 2e-5,
+    seeds 0, 1. Final solved of 300: grpo 150 / 180, grpo+icepop 210 / 195, cispo 120 / 240.
+    Without --arm-keys the corrections pool into one arm of 6 runs per lr: lr 2e-5 scores
+    (180 + 195 + 240) / 900 = 0.683, lr 1e-5 (150 + 210 + 120) / 900 = 0.533. With algo.name
+    algo.mask, three arms, ranked cispo 0.8 > grpo+icepop 0.7 > grpo 0.6, each with its own
+    lr."""
+    from replay_exp.analysis.loader import load_runs
+
+    root = tmp_path / "corr"
+    finals = {
+        ("grpo", None): (150, 180), ("grpo", "icepop"): (210, 195), ("cispo", None): (120, 240),
+    }  # fmt: skip
+    for (name, mask), ns in finals.items():
+        for lr, n in zip((1e-5, 2e-5), ns, strict=True):
+            for s in range(2):
+                cfg = {"seed": s, "buffer": {"name": "fifo", "capacity": 512},
+                       "algo": {"lr": lr, "name": name, "mask": mask},
+                       "derived": {"reuse_ratio": 8.0}}  # fmt: skip
+                _run(root, f"{name},{mask},lr={lr},seed={s}", cfg, {0: 60, 100: n})
+    runs = load_runs([root]).runs
+    one = best_per_arm(scores(runs, [0, 1], ["algo.lr"]))
+    assert list(one["arm"]) == ["fifo y=8"] and one.iloc[0]["seeds_done"] == 6
+    assert one.iloc[0]["score"] == pytest.approx(615 / 900)
+    table = scores(runs, [0, 1], ["algo.lr"], arm_keys=["algo.name", "algo.mask"])
+    best = best_per_arm(table).sort_values("score", ascending=False).set_index("arm")
+    assert list(best.index) == [
+        "fifo y=8, name=cispo", "fifo y=8, name=grpo, mask=icepop", "fifo y=8, name=grpo",
+    ]  # fmt: skip
+    assert list(best["algo.lr"]) == [2e-5, 1e-5, 2e-5]
+    assert list(best["score"]) == pytest.approx([0.8, 0.7, 0.6])
