@@ -500,6 +500,13 @@ def check_distributed(cfg: DictConfig) -> None:
         _fail(f"runtime.cost_model.length_sigma={r.cost_model.length_sigma} must be >= 0")
     if r.cost_model.reference_s_per_sample is not None:
         _positive("runtime.cost_model.reference_s_per_sample", r.cost_model.reference_s_per_sample)
+    if r.cost_model.load_cost < 0:
+        _fail(f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} must be >= 0")
+    if r.cost_model.load_cost > 0 and r.generation_cost != "modelled":
+        _fail(
+            f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} models a GPU node's weight "
+            "load and needs runtime.generation_cost=modelled (it is measured)"
+        )
 
 
 class Arrivals(NamedTuple):

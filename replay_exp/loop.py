@@ -386,6 +386,8 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
                 if k.startswith("runtime/")
             },
             "off_policiness_hist": telemetry["off_policiness"],
+            # each generator process's counters (runtime/generator.py; [] in one process)
+            "generators": ended["generators"],
         },
     }
     p.logger.close(summary)

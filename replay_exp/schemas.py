@@ -176,6 +176,7 @@ class CostModelConfig:
 
     length_sigma: float = MISSING  # log-sd of the relative response lengths (the tail)
     reference_s_per_sample: float | None = MISSING  # fixed trainer s/sample; null: measured
+    load_cost: float = MISSING  # a weight load pauses a generator this many trained samples' time
 
 
 @dataclass

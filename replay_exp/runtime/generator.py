@@ -2,7 +2,9 @@
 calls. One per inference worker (W of them).
 
     while not stopped:
-        take the newest weights pushed by trainer rank 0, if any (never mid-generation)
+        take the newest weights pushed by trainer rank 0, if any (never mid-generation);
+            modelled cost with runtime.cost_model.load_cost: the load lasts that many trained
+            samples' time
         prompts = the next groups_per_batch problems of this generator's own stream
         rollouts = generate G samples each, rewards, advantages frozen, behaviour log-probs
         runtime.generation_cost=modelled: wait until the call has lasted what a GPU node
@@ -17,6 +19,7 @@ are unique over the run, and its prompts and sampling seeds are ``derive_seed(se
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from functools import partial
@@ -46,12 +49,20 @@ from replay_exp.types import RolloutBatch
 log = logging.getLogger("replay_exp")
 
 
-def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | None) -> dict:
-    """The loop of generator rank ``rank`` (global rank T + w). Returns its counters."""
+def run_generator(
+    cfg, d, rank: int, store, links, run_dir: Path, snapshot_path: str | None
+) -> dict:
+    """The loop of generator rank ``rank`` (global rank T + w), talking to the trainers over
+    ``links`` (channels.open_links) and the store. Returns its counters."""
     T, W = d.trainers, d.workers
     w = rank - T
     a, g = cfg.algo, cfg.generation
     heartbeat = Heartbeat(store, rank)
+    # The snapshot first: the trainers wait for this key before their first step, since two
+    # saves later they prune it (a generator that starts slowly, e.g. importing vLLM, would
+    # otherwise find it gone).
+    snap = read_snapshot(snapshot_path) if snapshot_path is not None else None
+    store.set(snapshot_read_key(w), "1")
     task = make_task(cfg.task)
     policy, tokenizer, source = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
     policy.eval()
@@ -60,8 +71,7 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
     keys = weight_keys(policy.state_dict())
 
     version, j, sent_base = 0, 0, dict.fromkeys(range(T), 0)
-    if snapshot_path is not None:  # start from the snapshot's weights and counters
-        snap = read_snapshot(snapshot_path)
+    if snap is not None:  # start from the snapshot's weights and counters
         policy.load_state_dict(snap.states["policy"])
         state = snap.trainer["runtime"]
         version, j = snap.step, int(state["next_batch"][str(w)])
@@ -77,13 +87,17 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
     sampling = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
     P, G = d.groups_per_batch, a.group_size
     numel = flatten(policy.state_dict(), keys).numel()
-    weights = WeightReceiver(store, w, numel, policy.dtype)
-    sender = RolloutSender(store, w, list(range(T)), cfg.runtime.max_in_flight)
+    weights = WeightReceiver(store, links, w, numel, policy.dtype)
+    sender = RolloutSender(store, links, w, list(range(T)), cfg.runtime.max_in_flight)
     counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0,
-                "slept_seconds": 0.0, "overruns": 0}  # fmt: skip
+                "slept_seconds": 0.0, "overruns": 0, "weight_load_seconds": 0.0,
+                "engine_checks": 0, "engine_logp_absdiff_max": 0.0,
+                "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0}  # fmt: skip
+    checked: set[int] = set()  # versions whose engine log-probs were checked
     modelled = cfg.runtime.generation_cost == "modelled"
     cost = gencost.ModelledCost(cfg.compute.mu, cfg.runtime.cost_model.length_sigma)
     reference = cfg.runtime.cost_model.reference_s_per_sample
+    load_cost = cfg.runtime.cost_model.load_cost
     calibrated = None  # this generator's own estimate, until the trainers publish theirs
     log.info("generator %d (rank %d): %d groups of %d per call, from version %d", w, rank, P, G,
              version)  # fmt: skip
@@ -93,8 +107,13 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
             new_version, flat = news
             if new_version == STOP:
                 break
+            t_load = time.perf_counter()
             unflatten_into(policy, flat, keys)
             generator.sync_weights(policy, new_version)
+            if modelled and load_cost > 0:  # a GPU node's weight load (gencost.py)
+                pause = load_cost * (reference or gencost.published_seconds(store) or 0.0)
+                time.sleep(max(0.0, pause - (time.perf_counter() - t_load)))
+            counters["weight_load_seconds"] += time.perf_counter() - t_load
             counters["weight_updates"] += 1
             news = weights.poll()
         if news is not None and news[0] == STOP:
@@ -110,9 +129,22 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
             normalize_std=a.adv_normalize_std, chat=chat,
         )  # fmt: skip
         if cfg.generation.store_trainer_logp:  # the engine mismatch, at the generating weights
-            fresh, _ = with_trainer_logp(
+            fresh, check = with_trainer_logp(
                 policy, fresh, cfg.generation.temperature, "gap", a.micro_batch_size
             )
+            # The engine against this process's copy of the policy, which holds exactly the
+            # weights trainer rank 0 pushed for generator.version: the push landed in the
+            # engine iff they agree (to the engine's own rounding).
+            n = counters["engine_checks"]
+            counters["engine_logp_absdiff_mean"] = (
+                counters["engine_logp_absdiff_mean"] * n + check["behaviour_logp_absdiff_mean"]
+            ) / (n + 1)
+            counters["engine_logp_absdiff_max"] = max(
+                counters["engine_logp_absdiff_max"], check["behaviour_logp_absdiff_max"]
+            )
+            counters["engine_checks"] = n + 1
+            checked.add(generator.version)
+            counters["engine_versions_checked"] = len(checked)
         seconds = time.perf_counter() - t0
         if modelled:  # sleep until the batch has taken what a GPU node would spend on it
             per_sample = reference or gencost.published_seconds(store)
@@ -139,13 +171,26 @@ def run_generator(cfg, d, rank: int, store, run_dir: Path, snapshot_path: str | 
         counters["batches"] += 1
         counters["rollouts"] += len(fresh)
         j += 1
+    counters["stall_seconds"] = sender.stall_seconds
+    # Published before DONE, so trainer rank 0 finds it when it sees DONE (summary.json's
+    # runtime.generators; this launch's counts only after a resume).
+    store.set(report_key(w), json.dumps(counters))
     sender.close({t: sent_base[t] + sender.sent[t] for t in range(T)})
     if hasattr(generator, "close"):
         generator.close()
     heartbeat.stop()
-    counters["stall_seconds"] = sender.stall_seconds
     log.info("generator %d done: %s", w, counters)
     return counters
+
+
+def snapshot_read_key(w: int) -> str:
+    """Store key set once generator ``w`` holds its copy of the snapshot it resumes from."""
+    return f"snapshot_read/{w}"
+
+
+def report_key(w: int) -> str:
+    """Store key of generator ``w``'s final counters (JSON)."""
+    return f"generator_report/{w}"
 
 
 def split_by_trainer(batch: RolloutBatch, T: int) -> list[tuple[int, RolloutBatch]]:

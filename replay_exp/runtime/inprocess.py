@@ -141,7 +141,9 @@ class InProcess:
 
     def finish(self, final_step: int, store) -> dict[str, Any]:
         n = self.p.ledger.rollouts
-        return {"buffers": buffer_views(self.p.buffer), "sent": n, "received": n, "dead": []}
+        # No generator processes, so no generator reports (runtime/generator.py writes them).
+        return {"buffers": buffer_views(self.p.buffer), "sent": n, "received": n, "dead": [],
+                "generators": []}  # fmt: skip
 
     def final_model(self):
         return self.p.plain

@@ -36,6 +36,8 @@ from replay_exp.errors import RunStopped
 log = logging.getLogger("replay_exp")
 
 START_KEY = "start"
+# Set by rank 0 once the policy (and its warm-start cache) is built; the other ranks wait for it.
+LOADED_KEY = "policy_loaded"
 STOPPED = 4  # a rank's exit code: it stopped early on purpose, with a snapshot (RunStopped)
 # Imported once by the fork server that starts the ranks (a fresh process, not a fork of this
 # one: no CUDA or thread state is inherited), so each rank is forked with them loaded
@@ -196,7 +198,8 @@ def _child(container: dict, d, run_dir: str, rank: int, world: int, port: int) -
 def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None:
     """One rank, from the rendezvous to its clean exit. Rank 0 returns the summary."""
     from replay_exp.models import load_policy
-    from replay_exp.runtime.generator import run_generator
+    from replay_exp.runtime.channels import open_links
+    from replay_exp.runtime.generator import run_generator, snapshot_read_key
     from replay_exp.runtime.trainer import run_trainer
     from replay_exp.tasks import make_task
 
@@ -209,22 +212,28 @@ def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None
     torch.set_num_threads(d.rank_threads)  # config.rank_sizes
     _log_to(run_dir / "train.log", rank, console=rank == 0)
     snapshot_path = json.loads(store.get(START_KEY))["snapshot"]
+    loaded = None
+    if rank == 0:  # builds (and caches) the warm start once, before the other ranks load it
+        loaded = load_policy(cfg.model, cfg.task, make_task(cfg.task), d.device, d.dtype)
+        store.set(LOADED_KEY, "1")
+    else:
+        store.wait([LOADED_KEY], timeout)
+    links = open_links(store, rank, world, timeout)  # the channels' group (channels.py)
+    if rank >= T:  # no default process group in a generator: an engine that makes its own
+        # torch.distributed world (vLLM) must be free to
+        run_generator(cfg, d, rank, store, links, run_dir, snapshot_path)
+        return None
+    if snapshot_path is not None:  # keep the snapshot until every generator has read it
+        store.wait([snapshot_read_key(w) for w in range(world - T)], timeout)
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout
+        "gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=T, timeout=timeout
     )
     backend = cfg.runtime.backend
     if backend == "auto":
         backend = "nccl" if d.device.startswith("cuda") else "gloo"
     trainers = dist.new_group(list(range(T)), backend=backend)
-    loaded = None
-    if rank == 0:  # builds (and caches) the warm start once, before the other ranks load it
-        loaded = load_policy(cfg.model, cfg.task, make_task(cfg.task), d.device, d.dtype)
-    dist.barrier()
     try:
-        if rank < T:
-            return run_trainer(cfg, d, rank, trainers, store, run_dir, snapshot_path, loaded)
-        run_generator(cfg, d, rank, store, run_dir, snapshot_path)
-        return None
+        return run_trainer(cfg, d, rank, trainers, store, links, run_dir, snapshot_path, loaded)
     finally:
         dist.destroy_process_group()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -46,7 +47,7 @@ from replay_exp.runtime.channels import (
     flatten,
     weight_keys,
 )
-from replay_exp.runtime.generator import batch_from_dict
+from replay_exp.runtime.generator import batch_from_dict, report_key
 from replay_exp.schedule import Every
 
 log = logging.getLogger("replay_exp")
@@ -123,10 +124,11 @@ def params_digest(model: torch.nn.Module) -> int:
 
 
 def run_trainer(
-    cfg, d, rank: int, group, store, run_dir: Path, snapshot_path: str | None, loaded=None
+    cfg, d, rank: int, group, store, links, run_dir: Path, snapshot_path: str | None, loaded=None
 ):
-    """Trainer rank ``rank`` (0..T-1): the one loop with this rank's inbox and collectives.
-    Rank 0 returns the run's summary. ``loaded``: (policy, tokenizer, source), if loaded."""
+    """Trainer rank ``rank`` (0..T-1): the one loop with this rank's inbox and collectives
+    (``group``: the trainers'; ``links``: the channels' group of every rank). Rank 0 returns
+    the run's summary. ``loaded``: (policy, tokenizer, source), if loaded."""
     from replay_exp.loop import build_parts, train
 
     snap = read_snapshot(snapshot_path) if snapshot_path else None
@@ -140,7 +142,7 @@ def run_trainer(
         cfg, d, run_dir, rank=rank, loaded=loaded, wrap=wrapped,
         policy_state=None if snap is None else snap.states["policy"],
     )  # fmt: skip
-    runtime = TrainerRank(cfg, d, rank, group, store, run_dir, parts, snap)
+    runtime = TrainerRank(cfg, d, rank, group, store, links, run_dir, parts, snap)
     del snap
     return train(cfg, d, run_dir, parts, runtime)
 
@@ -148,7 +150,7 @@ def run_trainer(
 class TrainerRank:
     """The rollout source and the collective of one trainer rank (module docstring)."""
 
-    def __init__(self, cfg, d, rank: int, group, store, run_dir: Path, parts, snap):
+    def __init__(self, cfg, d, rank: int, group, store, links, run_dir: Path, parts, snap):
         T, W = d.trainers, d.workers
         self.cfg, self.d, self.p, self.rank, self.group = cfg, d, parts, rank, group
         self.T, self.W, self.lead, self.wrapper = T, W, rank == 0, cfg.runtime.wrapper
@@ -171,9 +173,9 @@ class TrainerRank:
             self.resumed = (snap.step, snap.trainer["first_eval"], snap.trainer["last_eval"])
         self.store = store
         self.publish_cost = self.lead and cfg.runtime.generation_cost == "modelled"
-        self.inbox = RolloutReceiver(store, rank, self.generators, first=T)
+        self.inbox = RolloutReceiver(store, links, rank, self.generators, first=T)
         self.monitor = HeartbeatMonitor(store, self.generators, cfg.runtime.heartbeat_timeout_s)
-        self.pusher = WeightPusher(store, self.generators, first=T) if self.lead else None
+        self.pusher = WeightPusher(store, links, self.generators, first=T) if self.lead else None
         self.keys = weight_keys(parts.plain.state_dict()) if self.lead else None
         self.sync = Every(cfg.schedule.sync_every)
         self.snapshots = None
@@ -336,7 +338,19 @@ class TrainerRank:
             "received": sum(sum(e[1].values()) for e in every),
             "dead": sorted({g - self.T for e in every for g in e[3]}),
             "stopped": f"generator rank(s) {self.dead or '?'} died; snapshot at step {final_step}",
+            "generators": self._generator_reports(),
         }
+
+    def _generator_reports(self) -> list[dict[str, Any]]:
+        """Each live generator's final counters (its seconds generating, sleeping under the
+        modelled cost, blocked on a full queue, loading pushed weights; the engine log-prob
+        check), published before its DONE; a generator that died has none."""
+        reports = []
+        for w in range(self.W):
+            key = report_key(w)
+            if self.store.check([key]):
+                reports.append({"generator": w, **json.loads(self.store.get(key).decode())})
+        return reports
 
     def final_model(self) -> torch.nn.Module | None:
         weights = full_state(self.p.model, self.wrapper)  # a collective under fsdp

@@ -73,7 +73,26 @@ def test_real_run_accounts_for_every_rollout(fast, tmp_path, trainers, wrapper):
     run_dir = tmp_path / "run"
     run = _run(_command(fast, run_dir, trainers, f"runtime.wrapper={wrapper}"), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    _check_finished(run_dir, trainers, wrapper)
+    rt = _check_finished(run_dir, trainers, wrapper)["runtime"]
+    # The generator's own report (published before its DONE) agrees with the accounting.
+    (gen,) = rt["generators"]
+    assert gen["generator"] == 0 and gen["rollouts"] == rt["generated"]
+    assert gen["batches"] * 16 // trainers == gen["rollouts"]  # B / T = 16 / T per call
+    assert gen["weight_updates"] >= 1 and gen["weight_load_seconds"] > 0
+    assert gen["engine_checks"] == 0  # generation.store_trainer_logp is off
+
+
+def test_engine_logprobs_are_checked_against_the_pushed_weights(fast, tmp_path):
+    """generation.store_trainer_logp=true: every batch's behaviour log-probs are compared with
+    a forward of the generator's copy of the pushed weights. Under hf the engine *is* that
+    copy, so the gap is rounding only (the cached decode against one full forward: < 1e-5)."""
+    run_dir = tmp_path / "run"
+    run = _run(_command(fast, run_dir, 1, "generation.store_trainer_logp=true"), tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (gen,) = _check_finished(run_dir, 1)["runtime"]["generators"]
+    assert gen["engine_checks"] == gen["batches"] > 0
+    assert gen["engine_versions_checked"] >= 2  # batches after a push were checked too
+    assert 0 <= gen["engine_logp_absdiff_mean"] <= gen["engine_logp_absdiff_max"] < 1e-5
 
 
 def _wait_for(pred, proc, what: str, timeout: float = 300) -> None:

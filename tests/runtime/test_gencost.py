@@ -83,12 +83,29 @@ def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
     assert summary["compute"]["seconds_gen"] == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
+def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
+    """load_cost = 5 trained samples at a fixed 0.02 s each: every weight load the generator
+    takes lasts 5 x 0.02 = 0.1 s in all (the real load, ~1 ms here, included), so its
+    weight_load_seconds are 0.1 s per load, plus sleep's overshoot (bounded at 20 ms a load)."""
+    summary = _modelled_run(
+        fast, tmp_path, "runtime.cost_model.reference_s_per_sample=0.02",
+        "runtime.cost_model.load_cost=5",
+    )  # fmt: skip
+    (gen,) = summary["runtime"]["generators"]
+    loads = gen["weight_updates"]
+    assert loads >= 1
+    assert 0.1 * loads <= gen["weight_load_seconds"] <= 0.12 * loads
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("runtime.generation_cost=gpu", "runtime.generation_cost=gpu is unknown"),
         ("runtime.cost_model.length_sigma=-1", "runtime.cost_model.length_sigma=-1"),
         ("runtime.cost_model.reference_s_per_sample=0", "reference_s_per_sample"),
+        ("runtime.cost_model.load_cost=-1", "runtime.cost_model.load_cost=-1 must be >= 0"),
+        ("runtime.cost_model.load_cost=8", "needs runtime.generation_cost=modelled"),
     ],
 )
 def test_bad_cost_model_settings_fail_at_resolve(fast, tmp_path, override, message):
