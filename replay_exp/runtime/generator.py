@@ -90,7 +90,7 @@ def run_generator(
     weights = WeightReceiver(store, links, w, numel, policy.dtype)
     sender = RolloutSender(store, links, w, list(range(T)), cfg.runtime.max_in_flight)
     counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0,
-                "slept_seconds": 0.0, "overruns": 0, "weight_load_seconds": 0.0,
+                "slept_seconds": 0.0, "overruns": 0, "weight_loads": 0, "weight_load_seconds": 0.0,
                 "engine_checks": 0, "engine_logp_absdiff_max": 0.0,
                 "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0}  # fmt: skip
     checked: set[int] = set()  # versions whose engine log-probs were checked
@@ -102,20 +102,24 @@ def run_generator(
     log.info("generator %d (rank %d): %d groups of %d per call, from version %d", w, rank, P, G,
              version)  # fmt: skip
     while True:
-        news = weights.poll()
+        news, t_load, loaded = weights.poll(), time.perf_counter(), False
         while news is not None:  # the newest push wins
             new_version, flat = news
             if new_version == STOP:
                 break
-            t_load = time.perf_counter()
             unflatten_into(policy, flat, keys)
             generator.sync_weights(policy, new_version)
-            if modelled and load_cost > 0:  # a GPU node's weight load (gencost.py)
-                pause = load_cost * (reference or gencost.published_seconds(store) or 0.0)
-                time.sleep(max(0.0, pause - (time.perf_counter() - t_load)))
-            counters["weight_load_seconds"] += time.perf_counter() - t_load
             counters["weight_updates"] += 1
+            loaded = True
             news = weights.poll()
+        if loaded and modelled and load_cost > 0:  # a GPU node's weight load (gencost.py), once
+            # per take: pushes that arrive during the pause wait for the next call, as they
+            # would on a node (pausing per push would livelock once a load outlasts a step)
+            pause = load_cost * (reference or gencost.published_seconds(store) or 0.0)
+            time.sleep(max(0.0, pause - (time.perf_counter() - t_load)))
+        if loaded:
+            counters["weight_loads"] += 1
+            counters["weight_load_seconds"] += time.perf_counter() - t_load
         if news is not None and news[0] == STOP:
             break
         first_group = (j * W + w) * P
