@@ -94,6 +94,7 @@ def run_generator(
                 "engine_checks": 0, "engine_logp_absdiff_max": 0.0,
                 "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0}  # fmt: skip
     checked: set[int] = set()  # versions whose engine log-probs were checked
+    absdiff_sum = 0.0  # of the checked calls' mean |engine - pushed weights| log-prob
     modelled = cfg.runtime.generation_cost == "modelled"
     cost = gencost.ModelledCost(cfg.compute.mu, cfg.runtime.cost_model.length_sigma)
     reference = cfg.runtime.cost_model.reference_s_per_sample
@@ -139,16 +140,12 @@ def run_generator(
             # The engine against this process's copy of the policy, which holds exactly the
             # weights trainer rank 0 pushed for generator.version: the push landed in the
             # engine iff they agree (to the engine's own rounding).
-            n = counters["engine_checks"]
-            counters["engine_logp_absdiff_mean"] = (
-                counters["engine_logp_absdiff_mean"] * n + check["behaviour_logp_absdiff_mean"]
-            ) / (n + 1)
+            absdiff_sum += check["behaviour_logp_absdiff_mean"]
             counters["engine_logp_absdiff_max"] = max(
                 counters["engine_logp_absdiff_max"], check["behaviour_logp_absdiff_max"]
             )
-            counters["engine_checks"] = n + 1
+            counters["engine_checks"] += 1
             checked.add(generator.version)
-            counters["engine_versions_checked"] = len(checked)
         seconds = time.perf_counter() - t0
         if modelled:  # sleep until the batch has taken what a GPU node would spend on it
             per_sample = reference or gencost.published_seconds(store)
@@ -176,6 +173,8 @@ def run_generator(
         counters["rollouts"] += len(fresh)
         j += 1
     counters["stall_seconds"] = sender.stall_seconds
+    counters["engine_logp_absdiff_mean"] = absdiff_sum / max(1, counters["engine_checks"])
+    counters["engine_versions_checked"] = len(checked)
     # Published before DONE, so trainer rank 0 finds it when it sees DONE (summary.json's
     # runtime.generators; this launch's counts only after a resume).
     store.set(report_key(w), json.dumps(counters))

@@ -88,7 +88,7 @@ def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
     """load_cost = 5 trained samples at a fixed 0.02 s each: every take of weights (the
     newest of the pushes waiting, loaded once) lasts 5 x 0.02 = 0.1 s in all (the real load,
     ~1 ms here, included), so weight_load_seconds are 0.1 s per take, plus sleep's overshoot
-    (bounded at 20 ms a take)."""
+    (bounded at 50 ms a take, for a busy machine)."""
     summary = _modelled_run(
         fast, tmp_path, "runtime.cost_model.reference_s_per_sample=0.02",
         "runtime.cost_model.load_cost=5",
@@ -96,7 +96,7 @@ def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
     (gen,) = summary["runtime"]["generators"]
     loads = gen["weight_loads"]
     assert 1 <= loads <= gen["weight_updates"]
-    assert 0.1 * loads <= gen["weight_load_seconds"] <= 0.12 * loads
+    assert 0.1 * loads <= gen["weight_load_seconds"] <= 0.15 * loads
 
 
 @pytest.mark.parametrize(
