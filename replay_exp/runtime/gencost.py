@@ -4,76 +4,122 @@ hold (the rollouts are the real ones, generated as fast as this machine can).
 
 Why: on a CPU a rollout costs 0.3-0.5 of a trained sample, on the paper's GPUs mu = 5.28-6.84
 of one, and which side waits for which (the reuse that emerges, the stalls a buffer absorbs)
-follows from that ratio. Under ``modelled`` a generator rank makes each of its batches last
+follows from that ratio. Under ``modelled`` a generator rank makes its call ``j`` of n rollouts
+last
 
-    seconds(batch of n) = n * mu * t * max_i L_i / E[max of n L]
+    seconds(call j) = n * mu * t * M_j / E[M]
 
 where t is the trainers' seconds per trained sample (one trainer rank's, measured as the run
 goes: trainer rank 0 publishes its running mean in the rendezvous store after every step;
-``runtime.cost_model.reference_s_per_sample`` fixes it instead), mu is ``compute.mu``, and the
-L_i are the rollouts' relative response lengths, drawn log-normal with mean 1 and log-sd
-``runtime.cost_model.length_sigma`` (the tail). A batch lasts as long as its longest sequence,
-as in batched decoding; dividing by E[max of n L] (computed once, by simulation) keeps the
-mean cost of a rollout at exactly mu t, so mu is the ratio realised on average and the spread
-of the max is what makes stalls. Padding waste and any other GPU inefficiency are in mu, as
-they are in the paper's measured mu.
+``runtime.cost_model.reference_s_per_sample`` fixes it instead), mu is ``compute.mu``, and M_j
+is the longest of the call's n relative response lengths, which are log-normal with mean 1 and
+log-sd ``runtime.cost_model.length_sigma`` (the tail). A batch lasts as long as its longest
+sequence, as in batched decoding; dividing by E[M] keeps the mean cost of a rollout at
+exactly mu t, so mu is the ratio realised on average and the spread of M is what makes
+stalls. Padding waste and any other GPU inefficiency are in mu, as they are in the paper's
+measured mu.
+
+M_j is drawn from its own distribution (P[M <= m] = F(m)^n, F the log-normal's CDF) by its
+quantile at u_j, and the u_j are stratified in blocks of ``BLOCK`` calls: each call of a block
+takes a different one of the BLOCK equal slices of (0, 1) (a seeded permutation), uniformly
+inside it. Every M_j has exactly the distribution above, and a block's mean M / E[M] has a
+third of the spread of 8 independent draws (n = 64, sigma = 0.5, 400 seeds: sd 0.031, 5-95 %
+0.97-1.06, against 0.088 and 0.87-1.15; seed 0 of the 30-step bench drew 0.933 independent),
+so a short run realises mu rather than mu times its draws' luck. The u_j come from
+``derive_seed(seed, "gencost", w, block)``, so a relaunch redraws the same ones.
+
+The trainers' t changes as the run goes (the first update is the slowest, and before their
+first step there is none: the generator then times one forward and backward of its first
+batch on its own copy of the policy, :func:`time_training`). Each call is therefore timed so
+that the generator's calls so far have cost, in all, their modelled units at the *latest* t:
+a call pays its own n mu M_j / E[M] t plus the revaluation of the earlier calls at the new t
+(positive or negative; it never makes a call shorter than its real generation). Over a run the
+generator's total then tracks the model at the trainers' final t, not at a mix of their early
+estimates.
 
 The generator sleeps the difference between that and the real generation time; if the real
 generation took longer (mu too small for this machine), nothing is slept and the batch costs
-what it took: the realised ratio (``compute/measured_mu``: charged generation seconds per
-rollout over training seconds per sample) is then above mu. Lengths are drawn from
-``derive_seed(seed, "gencost", w, j)``, so a relaunch redraws the same ones.
+what it took (an ``overrun``): the realised ratio (``compute/measured_mu``: charged
+generation seconds per rollout over training seconds per sample) is then above mu.
 
 A weight load (``runtime.cost_model.load_cost`` = c > 0) pauses the generator for c t seconds
 in all (the real load included): a GPU node's broadcast and engine reload, the same whatever
 the split, where a generation call of B / T rollouts gets shorter as T grows. Before the first
 publication of t a load costs only its real time.
-
-Before the trainers' first step there is no measured t: the generator times one forward and
-backward of its first batch on its own copy of the policy (:func:`time_training`) and uses
-that for the batches it sends before the first publication.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from statistics import NormalDist
 
 import numpy as np
 import torch
 
 from replay_exp.models.forward import policy_logprobs
+from replay_exp.schedule import derive_seed
 from replay_exp.types import RolloutBatch
 
 # Key under which trainer rank 0 publishes its seconds per trained sample (a float as text).
 STORE_KEY = "cost/train_seconds_per_sample"
+_NORMAL = NormalDist()
 
 
-def lengths(rng: np.random.Generator, n: int, sigma: float) -> np.ndarray:
-    """n relative response lengths, log-normal with mean 1 and log-sd ``sigma``."""
-    return rng.lognormal(-0.5 * sigma * sigma, sigma, n) if sigma > 0 else np.ones(n)
+# Calls per stratified block of length quantiles (module docstring).
+BLOCK = 8
 
 
-def expected_max(n: int, sigma: float, draws: int = 20000, seed: int = 0) -> float:
-    """E[max of n relative lengths] by simulation (1 when sigma = 0)."""
+def longest(u: float, n: int, sigma: float) -> float:
+    """The quantile at ``u`` of the longest of n relative lengths: P[M <= m] = F(m)^n, so
+    m = F^-1(u^(1/n)) = exp(-sigma^2 / 2 + sigma Phi^-1(u^(1/n)))."""
     if sigma == 0:
         return 1.0
-    rng = np.random.default_rng(seed)
-    return float(lengths(rng, draws * n, sigma).reshape(draws, n).max(axis=1).mean())
+    return math.exp(-0.5 * sigma * sigma + sigma * _NORMAL.inv_cdf(u ** (1.0 / n)))
+
+
+def expected_max(n: int, sigma: float, points: int = 20000) -> float:
+    """E[longest of n relative lengths] = the integral of :func:`longest` over u in (0, 1),
+    by the midpoint rule (1 when sigma = 0)."""
+    if sigma == 0:
+        return 1.0
+    return math.fsum(longest((k + 0.5) / points, n, sigma) for k in range(points)) / points
+
+
+def quantile_level(seed: int, w: int, j: int) -> float:
+    """u_j of generator ``w``'s call ``j``: the slice ``perm[j mod BLOCK]`` of its block's
+    seeded permutation, uniform inside it (module docstring)."""
+    block, k = divmod(j, BLOCK)
+    rng = np.random.default_rng(derive_seed(seed, "gencost", w, block))
+    perm, offsets = rng.permutation(BLOCK), rng.random(BLOCK)
+    return float((perm[k] + offsets[k]) / BLOCK)
 
 
 class ModelledCost:
-    """Seconds a GPU node would spend on a batch: module docstring."""
+    """What a GPU node would spend on a generator's calls (module docstring), with the
+    revaluation of its earlier calls at the newest t."""
 
     def __init__(self, mu: float, sigma: float):
         self.mu, self.sigma = mu, sigma
         self._norm: dict[int, float] = {}
+        self.units = 0.0  # the calls so far, in trained samples' time: sum of n mu M_j / E[M]
+        self.charged = 0.0  # seconds targeted for them so far (= units x the latest t)
 
-    def batch_seconds(self, n: int, per_sample: float, rng: np.random.Generator) -> float:
+    def call_units(self, n: int, u: float) -> float:
+        """A call of n rollouts with quantile level u, in trained samples' time."""
         if n not in self._norm:
             self._norm[n] = expected_max(n, self.sigma)
-        longest = float(lengths(rng, n, self.sigma).max())
-        return n * self.mu * per_sample * longest / self._norm[n]
+        return n * self.mu * longest(u, n, self.sigma) / self._norm[n]
+
+    def next_call(self, n: int, u: float, per_sample: float) -> tuple[float, float]:
+        """(seconds this call should last, its own share n mu M / E[M] t) at t =
+        ``per_sample``: its own share plus the earlier calls' revaluation from the t they
+        were timed with to this one."""
+        own = self.call_units(n, u)
+        self.units += own
+        target = self.units * per_sample - self.charged
+        self.charged = self.units * per_sample
+        return target, own * per_sample
 
 
 def time_training(policy: torch.nn.Module, batch: RolloutBatch, temperature: float,

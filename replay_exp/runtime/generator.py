@@ -92,7 +92,8 @@ def run_generator(
     counters = {"batches": 0, "rollouts": 0, "weight_updates": 0, "gen_seconds": 0.0,
                 "slept_seconds": 0.0, "overruns": 0, "weight_loads": 0, "weight_load_seconds": 0.0,
                 "engine_checks": 0, "engine_logp_absdiff_max": 0.0,
-                "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0}  # fmt: skip
+                "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0,
+                "modelled_units": 0.0, "modelled_per_sample": 0.0}  # fmt: skip
     checked: set[int] = set()  # versions whose engine log-probs were checked
     absdiff_sum = 0.0  # of the checked calls' mean |engine - pushed weights| log-prob
     modelled = cfg.runtime.generation_cost == "modelled"
@@ -155,15 +156,16 @@ def run_generator(
                         policy, fresh, g.temperature, a.micro_batch_size
                     )
                 per_sample = calibrated
-            rng_cost = np.random.default_rng(derive_seed(cfg.seed, "gencost", w, j))
-            target = cost.batch_seconds(len(fresh), per_sample, rng_cost)
+            u = gencost.quantile_level(cfg.seed, w, j)
+            target, own = cost.next_call(len(fresh), u, per_sample)  # earlier calls revalued
             elapsed = time.perf_counter() - t0  # the generation (and a first calibration)
             if target > elapsed:
                 time.sleep(target - elapsed)
                 counters["slept_seconds"] += target - elapsed
-            else:
+            if elapsed > own:  # the real generation outlasted the call's own model
                 counters["overruns"] += 1
             seconds = max(target, elapsed)
+            counters["modelled_units"], counters["modelled_per_sample"] = cost.units, per_sample
         counters["gen_seconds"] += seconds
         for t, part in split_by_trainer(fresh, T):
             payload = {"batch": batch_to_dict(part), "generator": w, "j": j,

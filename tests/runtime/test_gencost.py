@@ -14,8 +14,13 @@ import sys
 import numpy as np
 import pytest
 
-from replay_exp.runtime.gencost import ModelledCost, expected_max, lengths
-from replay_exp.schedule import derive_seed
+from replay_exp.runtime.gencost import (
+    BLOCK,
+    ModelledCost,
+    expected_max,
+    longest,
+    quantile_level,
+)
 
 
 def test_expected_max_of_two_lengths_is_the_closed_form():
@@ -27,23 +32,51 @@ def test_expected_max_of_two_lengths_is_the_closed_form():
     assert expected_max(16, 0.0) == 1.0
 
 
-def test_batch_seconds_average_mu_per_rollout_and_spread_with_the_tail():
-    """sigma = 0: every call of n rollouts costs n mu t exactly (16 x 6.84 x 0.01 = 1.0944 s).
-    sigma > 0: the mean stays n mu t (the max is normalised by its expectation) and the spread
-    grows with sigma."""
-    t, n = 0.01, 16
-    flat = ModelledCost(6.84, 0.0)
-    assert flat.batch_seconds(n, t, np.random.default_rng(0)) == pytest.approx(1.0944)
-    spreads = []
-    for sigma in (0.3, 1.0):
-        cost, rng = ModelledCost(6.84, sigma), np.random.default_rng(1)
-        draws = np.array([cost.batch_seconds(n, t, rng) for _ in range(20000)])
-        assert draws.mean() == pytest.approx(1.0944, rel=0.02)
-        spreads.append(draws.std() / draws.mean())
+def test_longest_is_the_quantile_of_the_max():
+    """n = 1: the quantile at 1/2 is the log-normal's median exp(-sigma^2 / 2) (sigma = 0.5:
+    exp(-0.125) = 0.882497). n = 2: P[M <= m] = F(m)^2, so the quantile at 1/4 is F^-1(1/2),
+    the same median. sigma = 0: every length is 1."""
+    assert longest(0.5, 1, 0.5) == pytest.approx(0.882497, rel=1e-6)
+    assert longest(0.25, 2, 0.5) == pytest.approx(0.882497, rel=1e-6)
+    assert longest(0.9, 64, 0.0) == 1.0
+    assert longest(0.2, 64, 0.5) < longest(0.8, 64, 0.5)
+
+
+def test_quantile_levels_take_every_slice_once_a_block():
+    """Calls 0-7 of a generator take the 8 slices [k/8, (k+1)/8) once each (a permutation),
+    calls 8-15 again; the same (seed, w, j) gives the same u (a relaunch redraws it)."""
+    for w in (0, 1):
+        for block in (0, 1):
+            slices = sorted(int(quantile_level(3, w, 8 * block + k) * BLOCK) for k in range(8))
+            assert slices == list(range(8))
+    assert quantile_level(3, 0, 5) == quantile_level(3, 0, 5)
+    assert quantile_level(3, 0, 5) != quantile_level(3, 1, 5)
+
+
+def test_next_call_revalues_the_earlier_calls_at_the_newest_t():
+    """sigma = 0, n = 16, mu = 6.84: a call is n mu = 109.44 trained samples' time.
+    t = 0.01: 1.0944 s. t = 0.02 next: both calls at 0.02 are 4.3776 s, 1.0944 already
+    charged, so this one lasts 3.2832 (own share 2.1888). t = 0.015 next: 3 x 1.6416 =
+    4.9248 - 4.3776 = 0.5472 (own share 1.6416)."""
+    cost = ModelledCost(6.84, 0.0)
+    expected = [(1.0944, 1.0944), (3.2832, 2.1888), (0.5472, 1.6416)]
+    for t, (target, own) in zip((0.01, 0.02, 0.015), expected, strict=True):
+        got = cost.next_call(16, 0.5, t)
+        assert got == pytest.approx((target, own))
+
+
+def test_calls_average_mu_per_rollout_and_spread_with_the_tail():
+    """sigma > 0: over 2000 calls (250 blocks) at a fixed t the mean call is n mu t (the
+    longest is normalised by its expectation), and the spread grows with sigma. The top
+    eighth's tail is what is left of the noise: at sigma = 1 seeds 0-4 give 0.989-1.024 of
+    n mu, so the tolerance is 4 % there and 1 % at sigma = 0.3."""
+    n, spreads = 16, []
+    for sigma, tolerance in ((0.3, 0.01), (1.0, 0.04)):
+        cost = ModelledCost(6.84, sigma)
+        units = np.array([cost.call_units(n, quantile_level(1, 0, j)) for j in range(2000)])
+        assert units.mean() == pytest.approx(n * 6.84, rel=tolerance)
+        spreads.append(units.std() / units.mean())
     assert spreads[0] < spreads[1]
-    # Same seed, same lengths (a relaunch redraws a call's cost exactly).
-    a = lengths(np.random.default_rng(5), 8, 0.5)
-    assert np.array_equal(a, lengths(np.random.default_rng(5), 8, 0.5))
 
 
 def _modelled_run(fast, tmp_path, *extra) -> dict:
@@ -66,7 +99,8 @@ def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
     """W = 1, T = 1, fixed reference 0.02 s per trained sample, mu = 6.84, sigma = 0.5: each
     call of 16 rollouts lasts 16 x 6.84 x 0.02 x max L / E max (~2.2 s, far above the real
     generation), so the ledger's generation seconds are exactly the model's, call by call, for
-    the calls that arrived (seeds derive_seed(0, "gencost", 0, j))."""
+    the calls that arrived (quantile levels quantile_level(0, 0, j); a fixed t revalues
+    nothing)."""
     summary = _modelled_run(
         fast, tmp_path, "runtime.cost_model.reference_s_per_sample=0.02",
         "runtime.cost_model.length_sigma=0.5",
@@ -75,10 +109,7 @@ def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
     rollouts, n = summary["compute"]["rollouts"], 16  # B / (G T) = 4 groups of 4 per call
     assert rollouts % n == 0 and rollouts >= n
     cost = ModelledCost(6.84, 0.5)
-    expected = sum(
-        cost.batch_seconds(n, 0.02, np.random.default_rng(derive_seed(0, "gencost", 0, j)))
-        for j in range(rollouts // n)
-    )
+    expected = 0.02 * sum(cost.call_units(n, quantile_level(0, 0, j)) for j in range(rollouts // n))
     # Equal: no call overran its model (an overrun would charge its longer real time).
     assert summary["compute"]["seconds_gen"] == pytest.approx(expected, rel=1e-9)
 
@@ -122,12 +153,21 @@ def test_bad_cost_model_settings_fail_at_resolve(fast, tmp_path, override, messa
 
 
 @pytest.mark.slow
-def test_a_modelled_run_on_the_trainers_measured_cost_finishes_above_the_cpus_ratio(fast, tmp_path):
+def test_a_modelled_run_on_the_trainers_measured_cost_charges_the_units_at_the_last_t(
+    fast, tmp_path
+):
     """reference_s_per_sample=null: the first call is timed by the generator's own forward and
-    backward, the rest by trainer rank 0's published seconds per sample. Unmodelled, a rollout
-    costs well under one trained sample here (measured ratio 0.3-0.5); modelled at mu = 6.84
-    the realised ratio must be above 1 (that it lands within 10 % of mu on a quiet machine is
+    backward, the rest by trainer rank 0's published running mean, and every call revalues the
+    earlier ones at the newest t. So the generator's charged seconds are its modelled units
+    times the last t it used (up to sleep's overshoot, a few ms a call, and any call whose
+    real generation outlasted its share), whatever t did before. Unmodelled, a rollout costs
+    well under one trained sample here (measured ratio 0.3-0.5); modelled at mu = 6.84 the
+    realised ratio must be above 1 (how close it lands to mu on a quiet machine is
     bench/generation_cost.py's to show, not a test's)."""
     summary = _modelled_run(fast, tmp_path)
     assert summary["runtime"]["balanced"] is True
+    (gen,) = summary["runtime"]["generators"]
+    model = gen["modelled_units"] * gen["modelled_per_sample"]
+    assert model > 0
+    assert gen["gen_seconds"] == pytest.approx(model, rel=0.05)
     assert summary["compute"]["measured_mu"] > 1.0
