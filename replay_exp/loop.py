@@ -236,6 +236,7 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             if p.lead and is_log:
                 row = {"step": version, "policy/version": version}
                 row.update(step_metrics(record, stats))
+            if p.lead and (is_log or is_eval):  # runtime/node_time is an eval row's x too
                 row.update(rt.metrics(led))
             if p.lead and is_eval:
                 comp = led.composition()  # cumulative, and over the interval since last eval
@@ -308,12 +309,13 @@ def check_versions(batch, step: int) -> None:
 def run_eval(cfg, d: Derived, p: Parts, rt: Runtime, step: int, led: Ledger) -> dict[str, float]:
     """Evaluate the current policy (version ``step``) on the held-out split (the lead)."""
     t0 = time.perf_counter()
-    generator, model = rt.evaluator(step)
-    out, details = evaluate(
-        generator, model, p.tokenizer, p.task, p.eval_problems, cfg.eval, d.max_new_tokens,
-        derive_seed(cfg.seed, "eval", step), chat=p.chat,
-        micro_batch_size=cfg.algo.micro_batch_size,
-    )  # fmt: skip
+    with rt.paused():  # the node stands still while it is evaluated
+        generator, model = rt.evaluator(step)
+        out, details = evaluate(
+            generator, model, p.tokenizer, p.task, p.eval_problems, cfg.eval, d.max_new_tokens,
+            derive_seed(cfg.seed, "eval", step), chat=p.chat,
+            micro_batch_size=cfg.algo.micro_batch_size,
+        )  # fmt: skip
     p.ledger.add_eval(time.perf_counter() - t0)
     x = {"compute/paper_units": led.paper_units, "compute/rollouts": led.rollouts}
     p.details_log.write({"step": step, **x, **encode_details(details)})

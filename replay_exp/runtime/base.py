@@ -13,6 +13,7 @@ Two runtimes implement it:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,6 +63,10 @@ class Runtime(Protocol):
 
     def evaluator(self, version: int) -> tuple[Any, torch.nn.Module]:
         """(generation backend, module) holding the weights of ``version``, to evaluate."""
+
+    def paused(self) -> AbstractContextManager:
+        """A block during which the node stands still (an evaluation): generator ranks start
+        no call, and its seconds are left out of ``runtime/node_seconds``."""
 
     def save(self, step: int, **evals: Any) -> None:
         """Snapshot every component (a collective across trainer ranks)."""

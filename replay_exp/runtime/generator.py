@@ -5,6 +5,7 @@ calls. One per inference worker (W of them).
         take the newest weights pushed by trainer rank 0, if any (never mid-generation);
             modelled cost with runtime.cost_model.load_cost: the load lasts that many trained
             samples' time
+        wait while trainer rank 0 evaluates or snapshots (the node stands still)
         prompts = the next groups_per_batch problems of this generator's own stream
         rollouts = generate G samples each, rewards, advantages frozen, behaviour log-probs
         runtime.generation_cost=modelled: wait until the call has lasted what a GPU node
@@ -93,7 +94,8 @@ def run_generator(
                 "slept_seconds": 0.0, "overruns": 0, "weight_loads": 0, "weight_load_seconds": 0.0,
                 "engine_checks": 0, "engine_logp_absdiff_max": 0.0,
                 "engine_logp_absdiff_mean": 0.0, "engine_versions_checked": 0,
-                "modelled_units": 0.0, "modelled_per_sample": 0.0}  # fmt: skip
+                "modelled_units": 0.0, "modelled_per_sample": 0.0,
+                "paused_seconds": 0.0}  # fmt: skip
     checked: set[int] = set()  # versions whose engine log-probs were checked
     absdiff_sum = 0.0  # of the checked calls' mean |engine - pushed weights| log-prob
     modelled = cfg.runtime.generation_cost == "modelled"
@@ -124,6 +126,7 @@ def run_generator(
             counters["weight_load_seconds"] += time.perf_counter() - t_load
         if news is not None and news[0] == STOP:
             break
+        counters["paused_seconds"] += wait_while_paused(store)  # an evaluation or snapshot
         first_group = (j * W + w) * P
         rng = np.random.default_rng(derive_seed(cfg.seed, "prompts", w, j))
         prompts = task.sample_train(rng, P)
@@ -186,6 +189,19 @@ def run_generator(
     heartbeat.stop()
     log.info("generator %d done: %s", w, counters)
     return counters
+
+
+# Store key trainer rank 0 sets to "1" while it evaluates or snapshots (the node stands still:
+# no generator starts a call) and back to "0" after.
+PAUSE_KEY = "node/paused"
+
+
+def wait_while_paused(store) -> float:
+    """Block while the node is paused (``PAUSE_KEY``); the seconds waited."""
+    t0 = time.perf_counter()
+    while store.check([PAUSE_KEY]) and store.get(PAUSE_KEY) == b"1":
+        time.sleep(0.005)
+    return time.perf_counter() - t0
 
 
 def snapshot_read_key(w: int) -> str:

@@ -10,6 +10,7 @@ shares nothing: the node's ledger is this one, and a snapshot holds every compon
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -128,6 +129,9 @@ class InProcess:
                 wall=time.perf_counter() - self.t_start,
             ),
         }  # fmt: skip
+
+    def paused(self):
+        return contextlib.nullcontext()  # one process: nothing else runs while it evaluates
 
     def evaluator(self, version: int):
         if self.engine_evaluates:

@@ -23,6 +23,7 @@ How a run differs from the single-process loop:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -47,7 +48,7 @@ from replay_exp.runtime.channels import (
     flatten,
     weight_keys,
 )
-from replay_exp.runtime.generator import batch_from_dict, report_key
+from replay_exp.runtime.generator import PAUSE_KEY, batch_from_dict, report_key
 from replay_exp.schedule import Every
 
 log = logging.getLogger("replay_exp")
@@ -159,6 +160,8 @@ class TrainerRank:
         self.received = dict.fromkeys(self.generators, 0)
         self.newest = dict.fromkeys(self.generators, -1)
         self.wait_seconds, self.replica_checks, self.dead, self.stopping = 0.0, 0, [], False
+        # The node's own seconds before this launch, and those it stood still in this one.
+        self.node_before, self.paused_seconds, self.pause_start = 0.0, 0.0, None
         self.resumed = None
         self.can_wait = True
         if snap is not None:  # the policy was loaded before wrapping (build_parts)
@@ -170,6 +173,7 @@ class TrainerRank:
             self.received = {g: int(st["received"][str(rank)][str(g - T)]) for g in self.generators}
             self.newest = {g: int(st["next_batch"][str(g - T)]) - 1 for g in self.generators}
             self.replica_checks = int(st["replica_checks"])
+            self.node_before = float(st.get("node_seconds", 0.0))
             self.resumed = (snap.step, snap.trainer["first_eval"], snap.trainer["last_eval"])
         self.store = store
         self.publish_cost = self.lead and cfg.runtime.generation_cost == "modelled"
@@ -274,8 +278,30 @@ class TrainerRank:
                 led, self.d, pushes=self.pusher.pushed, skipped=self.pusher.skipped,
                 wait_seconds=self.wait_seconds, replica_checks=self.replica_checks,
                 wall=time.perf_counter() - self.t_start,
+                node_seconds=self.node_seconds(),
             ),
         }  # fmt: skip
+
+    @contextlib.contextmanager
+    def paused(self):
+        """The lead evaluates or snapshots: the generators start no call meanwhile (they
+        finish the one they are in), and the seconds are not the node's (``node_seconds``)."""
+        self.pause_start = time.perf_counter()
+        if self.lead:
+            self.store.set(PAUSE_KEY, "1")
+        try:
+            yield
+        finally:
+            if self.lead:
+                self.store.set(PAUSE_KEY, "0")
+            self.paused_seconds += time.perf_counter() - self.pause_start
+            self.pause_start = None
+
+    def node_seconds(self) -> float:
+        """The node's own seconds over the run (every launch): wall minus pauses."""
+        now = time.perf_counter()
+        ongoing = 0.0 if self.pause_start is None else now - self.pause_start
+        return self.node_before + now - self.t_start - self.paused_seconds - ongoing
 
     def evaluator(self, version: int):
         if self.wrapper == "fsdp":
@@ -297,9 +323,14 @@ class TrainerRank:
                 str(w): max(e["newest"][str(w)] for e in every) + 1 for w in range(self.W)
             },
             "replica_checks": self.replica_checks,
+            "node_seconds": self.node_seconds(),
         }
 
     def save(self, step: int, **evals: Any) -> None:
+        with self.paused():
+            self._save(step, **evals)
+
+    def _save(self, step: int, **evals: Any) -> None:
         mine = {"buffer": self.p.buffer.state_dict(), "ledger": self.p.ledger.state_dict()}
         pieces = self._gather(mine)
         if self.stopping:  # the weights of this step were not made current (a collective)

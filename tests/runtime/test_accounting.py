@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from replay_exp.buffer.telemetry import Telemetry
 from replay_exp.compute import Ledger
 from replay_exp.config import compose, resolve
 from replay_exp.runtime.accounting import account, merged_ledger, runtime_metrics
-from replay_exp.runtime.generator import split_by_trainer
+from replay_exp.runtime.generator import PAUSE_KEY, split_by_trainer, wait_while_paused
 from replay_exp.testing import rollout_batch
 
 
@@ -94,6 +95,15 @@ def test_runtime_metrics_against_the_compute_model():
     assert got["runtime/first_order_reuse"] == 1.0
     assert got["runtime/steps_per_second"] == 3.0  # 12 steps / 4 s
     assert (got["runtime/pushes"], got["runtime/pushes_skipped"]) == (3, 1)
+    assert "runtime/node_time" not in got  # in process: no node clock
+    # The node's own 3 s (wall less pauses) over t = seconds_train / samples_trained:
+    # 0.5 s of training for the 96 samples, so t = 1/192 s and node time = 3 x 192 = 576
+    # trained-sample times.
+    timed = _ledger(mu=0.5, steps=12, rollouts=64, samples_trained=96, seconds_train=0.5)
+    node = runtime_metrics(timed, _D(1, 2, 1.0), pushes=3, skipped=1, wait_seconds=0.25,
+                           replica_checks=12, wall=4.0, node_seconds=3.0)  # fmt: skip
+    assert node["runtime/node_seconds"] == 3.0
+    assert node["runtime/node_time"] == pytest.approx(576.0)
     # Under schedule=sync the configured y = B / R is the prediction; mu is not estimated.
     sync = runtime_metrics(led, _D(None, None, 2.0), pushes=0, skipped=0, wait_seconds=0.0,
                            replica_checks=0, wall=0.0)  # fmt: skip
@@ -134,3 +144,14 @@ def test_one_process_has_the_whole_run_as_its_rank():
     _, d = resolve(compose(["threads=2"]))
     assert (d.batch_per_trainer, d.capacity_per_trainer) == (64, d.capacity)
     assert d.groups_per_batch is None and d.rank_threads == 2
+
+
+def test_generators_wait_while_the_node_is_paused():
+    """A real TCPStore: no key or "0" lets a generator go at once; "1" holds it until trainer
+    rank 0 writes "0" (here a thread, after 0.2 s)."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    assert wait_while_paused(store) < 0.05  # never paused yet
+    store.set(PAUSE_KEY, "1")
+    threading.Timer(0.2, lambda: store.set(PAUSE_KEY, "0")).start()
+    assert 0.2 <= wait_while_paused(store) < 2.0
+    assert wait_while_paused(store) < 0.05

@@ -80,6 +80,15 @@ def test_real_run_accounts_for_every_rollout(fast, tmp_path, trainers, wrapper):
     assert gen["batches"] * 16 // trainers == gen["rollouts"]  # B / T = 16 / T per call
     assert gen["weight_updates"] >= 1 and gen["weight_load_seconds"] > 0
     assert gen["engine_checks"] == 0  # generation.store_trainer_logp is off
+    # The node's clock leaves out the evaluations (steps 0, 8, 16, 24) and snapshots (every
+    # 4): on every evaluation row it runs below the wall-clock (steps / steps_per_second) and
+    # never backwards.
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/pass@1" in r][1:]
+    node = [r["runtime/node_seconds"] for r in evals]
+    assert len(node) == 3 and node == sorted(node) and node[0] > 0
+    assert all(r["runtime/node_seconds"] < r["step"] / r["runtime/steps_per_second"]
+               for r in evals)  # fmt: skip
+    assert all(r["runtime/node_time"] > 0 for r in evals)
 
 
 def test_engine_logprobs_are_checked_against_the_pushed_weights(fast, tmp_path):
@@ -126,6 +135,10 @@ def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
     assert run.returncode == 0, run.stderr[-3000:]
     _check_finished(run_dir, 2, wrapper)
     assert "resuming from" in (run_dir / "train.log").read_text()
+    # The node's clock goes on from the snapshot's (it does not restart with the launch).
+    node = [r["runtime/node_seconds"] for r in read_metrics(run_dir / "metrics.jsonl")
+            if "runtime/node_seconds" in r]  # fmt: skip
+    assert node == sorted(node)
 
 
 def test_dead_generator_stops_with_a_snapshot_and_resumes(fast, tmp_path):
