@@ -4,8 +4,10 @@ Conventions (the tests pin them):
 
 - **x-axes** (``X_AXES``): ``steps`` (policy updates), ``rollouts`` (unique generated
   rollouts), ``compute`` (the paper's units: one on-policy step = 1), ``flops`` (analytic) and
-  ``wall`` (measured seconds of generation + training + evaluation). All are cumulative columns
-  of metrics.jsonl.
+  ``wall`` (measured seconds of generation + training + evaluation), ``node`` (a GPU node's
+  time in units of one GPU training one sample: measured by ``runtime=distributed``, modelled
+  for in-process runs by :mod:`replay_exp.analysis.node_time` when the runs are loaded with
+  ``x="node"``). All are cumulative columns of metrics.jsonl.
 - **Interpolation** (:func:`interpolate`, also used by the bootstrap in
   :mod:`replay_exp.analysis.stats`): a run's curve is its evaluation points joined by straight
   lines in x; it is never extrapolated: before its first or after its last point it is
@@ -41,6 +43,7 @@ X_AXES = {
     "compute": ("compute/paper_units", "compute (paper units: 1 = one on-policy step)"),
     "flops": ("compute/flops", "compute (analytic FLOPs)"),
     "wall": ("compute/seconds", "wall-clock (s): generation + training + evaluation"),
+    "node": ("runtime/node_time", "node time (one GPU's trained-sample times; in process: model)"),
 }
 
 

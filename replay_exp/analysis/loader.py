@@ -33,6 +33,8 @@ import pandas as pd
 import yaml
 
 from replay_exp.analysis.labels import config_label
+from replay_exp.analysis.node_time import COLUMN as NODE_COLUMN
+from replay_exp.analysis.node_time import modelled_node_time
 from replay_exp.logging import flatten, read_metrics
 
 # Config keys that never distinguish configurations: where the run lives and how it is logged,
@@ -199,6 +201,8 @@ def from_records(
         per_run.append({**meta, **cfg})
         if rows:
             frame = pd.DataFrame(rows)
+            if x == "node":  # in process: a modelled node clock (analysis/node_time.py)
+                frame = with_node_time(frame, cfg)
             for k, v in reversed(list({**meta, **cfg}.items())):
                 frame.insert(0, k, [v] * len(frame))
             step_frames.append(frame)
@@ -233,6 +237,16 @@ def _one_per_seed(records: Sequence[tuple], names: list[str], configs: list[dict
         seen[key] = records[i][1]
         keep.append(i)
     return keep
+
+
+def with_node_time(frame: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
+    """``frame`` with ``runtime/node_time`` modelled where the run did not log one (an
+    in-process run; :func:`replay_exp.analysis.node_time.modelled_node_time`)."""
+    if cfg.get("runtime.name") == "distributed" or "step" not in frame:
+        return frame  # measured by the run itself (or NaN: a run before the node clock)
+    if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
+        return frame
+    return frame.assign(**{NODE_COLUMN: modelled_node_time(cfg, frame["step"].to_numpy())})
 
 
 def varying_keys(configs: Sequence[dict[str, Any]]) -> list[str]:

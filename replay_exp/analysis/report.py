@@ -333,7 +333,7 @@ def _markdown(
         elif len(rest):
             winner = rest.loc[rest["x_to_target"].idxmin()]
             never = "" if math.isfinite(b["x_to_target"]) else " (the baseline never does)"
-            lines += [f"Cheapest to get there: **{winner['label']}**{never}.", ""]
+            lines += [f"Cheapest of the others to get there: **{winner['label']}**{never}.", ""]
     else:
         lines += [f"No on-policy baseline in this sweep; target = {frac:.0%} of the best peak.", ""]
     header = (

@@ -86,13 +86,20 @@ def expected_max(n: int, sigma: float, points: int = 20000) -> float:
     return math.fsum(longest((k + 0.5) / points, n, sigma) for k in range(points)) / points
 
 
-def quantile_level(seed: int, w: int, j: int) -> float:
-    """u_j of generator ``w``'s call ``j``: the slice ``perm[j mod BLOCK]`` of its block's
-    seeded permutation, uniform inside it (module docstring)."""
-    block, k = divmod(j, BLOCK)
+def quantile_levels(seed: int, w: int | str, block: int) -> np.ndarray:
+    """The BLOCK levels u of stream ``w``'s calls ``block * BLOCK ..``: call k of the block
+    takes the slice ``perm[k]`` of a seeded permutation, uniform inside it (module
+    docstring)."""
     rng = np.random.default_rng(derive_seed(seed, "gencost", w, block))
     perm, offsets = rng.permutation(BLOCK), rng.random(BLOCK)
-    return float((perm[k] + offsets[k]) / BLOCK)
+    return (perm + offsets) / BLOCK
+
+
+def quantile_level(seed: int, w: int | str, j: int) -> float:
+    """u_j of stream ``w``'s call ``j`` (generator ``w``'s; the analysis's node clock uses
+    ``w = "node"``)."""
+    block, k = divmod(j, BLOCK)
+    return float(quantile_levels(seed, w, block)[k])
 
 
 class ModelledCost:
