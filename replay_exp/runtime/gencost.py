@@ -31,9 +31,10 @@ so a short run realises mu rather than mu times its draws' luck. The u_j come fr
 The trainers' t changes as the run goes (the first update is the slowest, and before their
 first step there is none: the generator then times one forward and backward of its first
 batch on its own copy of the policy, :func:`time_training`). Each call is therefore timed so
-that the generator's calls so far have cost, in all, their modelled units at the *latest* t:
-a call pays its own n mu M_j / E[M] t plus the revaluation of the earlier calls at the new t
-(positive or negative; it never makes a call shorter than its real generation). Over a run the
+that the generator's calls so far have lasted, in all, their modelled units at the *latest* t:
+a call lasts its own n mu M_j / E[M] t plus the revaluation of the earlier calls at the new t,
+less what they lasted beyond their targets (positive or negative; a call is never shorter than
+its real generation, and what it cannot give back the next calls do). Over a run the
 generator's total then tracks the model at the trainers' final t, not at a mix of their early
 estimates.
 
@@ -110,7 +111,7 @@ class ModelledCost:
         self.mu, self.sigma = mu, sigma
         self._norm: dict[int, float] = {}
         self.units = 0.0  # the calls so far, in trained samples' time: sum of n mu M_j / E[M]
-        self.charged = 0.0  # seconds targeted for them so far (= units x the latest t)
+        self.spent = 0.0  # the seconds they lasted (their real time where it was longer)
 
     def call_units(self, n: int, u: float) -> float:
         """A call of n rollouts with quantile level u, in trained samples' time."""
@@ -118,31 +119,34 @@ class ModelledCost:
             self._norm[n] = expected_max(n, self.sigma)
         return n * self.mu * longest(u, n, self.sigma) / self._norm[n]
 
-    def next_call(self, n: int, u: float, per_sample: float) -> tuple[float, float]:
-        """(seconds this call should last, its own share n mu M / E[M] t) at t =
-        ``per_sample``: its own share plus the earlier calls' revaluation from the t they
-        were timed with to this one."""
+    def next_call(self, n: int, u: float, per_sample: float, elapsed: float) -> tuple[float, float]:
+        """(seconds this call lasts in all, its own share n mu M / E[M] t) at t =
+        ``per_sample``, for a call whose real generation took ``elapsed``: the calls so far,
+        this one included, at the newest t, less what the earlier ones lasted, and never less
+        than ``elapsed`` (what a call cannot give back, the next ones do)."""
         own = self.call_units(n, u)
         self.units += own
-        target = self.units * per_sample - self.charged
-        self.charged = self.units * per_sample
-        return target, own * per_sample
+        seconds = max(self.units * per_sample - self.spent, elapsed)
+        self.spent += seconds
+        return seconds, own * per_sample
 
 
 def time_training(policy: torch.nn.Module, batch: RolloutBatch, temperature: float,
                   micro_batch_size: int | None) -> float:  # fmt: skip
     """Seconds per sample of one forward and backward over ``batch`` (micro-batches of
-    ``micro_batch_size`` rows), on ``policy``; its gradients are dropped afterwards."""
+    ``micro_batch_size`` rows), on ``policy``, timed after one untimed pass; its gradients are
+    dropped afterwards."""
     rows = len(batch)
     step = micro_batch_size or rows
-    t0 = time.perf_counter()
-    with torch.enable_grad():
-        for start in range(0, rows, step):
-            part = batch.index(torch.arange(start, min(rows, start + step)))
-            logp, _ = policy_logprobs(policy, part, temperature)
-            (logp * part.completion_mask_BxC.to(logp.device)).sum().backward()
-    seconds = time.perf_counter() - t0
-    policy.zero_grad(set_to_none=True)
+    for _ in range(2):  # the first pass warms up (allocations): the second is timed
+        t0 = time.perf_counter()
+        with torch.enable_grad():
+            for start in range(0, rows, step):
+                part = batch.index(torch.arange(start, min(rows, start + step)))
+                logp, _ = policy_logprobs(policy, part, temperature)
+                (logp * part.completion_mask_BxC.to(logp.device)).sum().backward()
+        seconds = time.perf_counter() - t0
+        policy.zero_grad(set_to_none=True)
     return seconds / rows
 
 

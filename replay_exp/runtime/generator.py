@@ -160,14 +160,13 @@ def run_generator(
                     )
                 per_sample = calibrated
             u = gencost.quantile_level(cfg.seed, w, j)
-            target, own = cost.next_call(len(fresh), u, per_sample)  # earlier calls revalued
             elapsed = time.perf_counter() - t0  # the generation (and a first calibration)
-            if target > elapsed:
-                time.sleep(target - elapsed)
-                counters["slept_seconds"] += target - elapsed
+            seconds, own = cost.next_call(len(fresh), u, per_sample, elapsed)  # revalued
+            if seconds > elapsed:
+                time.sleep(seconds - elapsed)
+                counters["slept_seconds"] += seconds - elapsed
             if elapsed > own:  # the real generation outlasted the call's own model
                 counters["overruns"] += 1
-            seconds = max(target, elapsed)
             counters["modelled_units"], counters["modelled_per_sample"] = cost.units, per_sample
         counters["gen_seconds"] += seconds
         for t, part in split_by_trainer(fresh, T):

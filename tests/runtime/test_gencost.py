@@ -56,13 +56,23 @@ def test_quantile_levels_take_every_slice_once_a_block():
 def test_next_call_revalues_the_earlier_calls_at_the_newest_t():
     """sigma = 0, n = 16, mu = 6.84: a call is n mu = 109.44 trained samples' time.
     t = 0.01: 1.0944 s. t = 0.02 next: both calls at 0.02 are 4.3776 s, 1.0944 already
-    charged, so this one lasts 3.2832 (own share 2.1888). t = 0.015 next: 3 x 1.6416 =
-    4.9248 - 4.3776 = 0.5472 (own share 1.6416)."""
+    spent, so this one lasts 3.2832 (own share 2.1888). t = 0.015 next: 3 x 1.6416 =
+    4.9248 - 4.3776 = 0.5472 (own share 1.6416). Real generation well under each."""
     cost = ModelledCost(6.84, 0.0)
     expected = [(1.0944, 1.0944), (3.2832, 2.1888), (0.5472, 1.6416)]
-    for t, (target, own) in zip((0.01, 0.02, 0.015), expected, strict=True):
-        got = cost.next_call(16, 0.5, t)
-        assert got == pytest.approx((target, own))
+    for t, (seconds, own) in zip((0.01, 0.02, 0.015), expected, strict=True):
+        assert cost.next_call(16, 0.5, t, elapsed=0.01) == pytest.approx((seconds, own))
+
+
+def test_what_a_call_cannot_give_back_the_next_one_does():
+    """sigma = 0, n = 16, mu = 6.84 (109.44 samples' time a call). t = 0.02: 2.1888 s. t
+    falls to 0.01: both calls are now worth 2.1888, all spent, so the second would last 0 but
+    its real generation took 0.1 s: it lasts 0.1 (spent 2.2888). Third at t = 0.01: 3.2832 -
+    2.2888 = 0.9944, the 0.1 given back; in all 3.2832 = the units at the last t."""
+    cost = ModelledCost(6.84, 0.0)
+    got = [cost.next_call(16, 0.5, t, elapsed=0.1)[0] for t in (0.02, 0.01, 0.01)]
+    assert got == pytest.approx([2.1888, 0.1, 0.9944])
+    assert sum(got) == pytest.approx(cost.units * 0.01)
 
 
 def test_calls_average_mu_per_rollout_and_spread_with_the_tail():
