@@ -389,7 +389,7 @@ def run_trl(steps: int, threads: int) -> dict[str, Any]:
 
     from replay_exp.config import compose, resolve
     from replay_exp.models import load_policy
-    from replay_exp.schedule import derive_seed
+    from replay_exp.seeding import derive_seed
     from replay_exp.tasks import Problem, make_task
 
     t_import = time.perf_counter() - t0

@@ -57,7 +57,8 @@ from replay_exp.rollout import HFGenerator
 from replay_exp.rollout.collect import prompt_lengths
 from replay_exp.runtime.accounting import account
 from replay_exp.runtime.base import Arrival, Runtime
-from replay_exp.schedule import Every, OnGrid, derive_seed
+from replay_exp.schedule import Every, OnGrid
+from replay_exp.seeding import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
 

@@ -64,7 +64,7 @@ from replay_exp.noise import (
 )
 from replay_exp.rollout import SamplingParams, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths
-from replay_exp.schedule import derive_seed
+from replay_exp.seeding import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.types import RolloutBatch
 from replay_exp.update import batch_loss, policy_update

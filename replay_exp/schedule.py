@@ -35,17 +35,6 @@ class OnGrid:
         return math.floor(after / self.every + 1e-9) > math.floor(before / self.every + 1e-9)
 
 
-def derive_seed(seed: int, *tags: int | str) -> int:
-    """A stable 31-bit seed for one random stream (e.g. ``derive_seed(seed, "gen", step)``).
-
-    Each phase reseeds from its own stream, so streams never interfere (the on-policy buffer
-    can't shift generation) and a resumed run replays exactly the same randomness."""
-    import hashlib
-
-    blob = ":".join(str(x) for x in (seed, *tags)).encode()
-    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little") % (2**31 - 1)
-
-
 # ---------------------------------------------------------------------------------------------
 # Arrival schedules: how many fresh prompt groups (of G rollouts) are generated at each step.
 # Both are stateless functions of the step, so a resumed run needs no schedule state.

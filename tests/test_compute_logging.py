@@ -7,7 +7,8 @@ import torch
 
 from replay_exp.compute import Ledger, forward_flops
 from replay_exp.logging import MetricsWriter, read_metrics
-from replay_exp.schedule import Every, derive_seed
+from replay_exp.schedule import Every
+from replay_exp.seeding import derive_seed
 
 
 def test_paper_units_baseline_step_costs_one_and_replay_step_costs_less():

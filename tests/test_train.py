@@ -16,7 +16,7 @@ from replay_exp.logging import read_metrics
 from replay_exp.models import load_policy, load_pretrained
 from replay_exp.rollout import HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts
-from replay_exp.schedule import derive_seed
+from replay_exp.seeding import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.testing import without_wall_clock
 from replay_exp.train import run

@@ -18,7 +18,7 @@ node would take, in units of t, one GPU's seconds to train one sample.
     where M_j is the longest of all R responses (the slowest GPU's longest) and E[M_(R/g)]
     the expected longest of one GPU's R / g (each GPU alone generates at mu t per rollout on
     average; waiting for the slowest is the stall). M_j is drawn by its quantile at levels
-    stratified in blocks of 8 steps (:func:`replay_exp.runtime.gencost.quantile_levels`,
+    stratified in blocks of 8 steps (:func:`replay_exp.lengthmodel.quantile_levels`,
     stream ``"node"``), so the same run always gets the same clock.
   - ``schedule=async`` (the emulated cluster): its premise is trainers that never wait, so a
     step lasts B / T (the T trainers training B), gamma B (1 + mu) / g for W + T = g: node time
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from replay_exp.runtime.gencost import BLOCK, expected_max, longest, quantile_levels
+from replay_exp.lengthmodel import BLOCK, expected_max, longest, quantile_levels
 
 NODE_GPUS = 8  # the paper's node
 LENGTH_SIGMA = 0.5  # runtime.cost_model.length_sigma's default

@@ -67,22 +67,21 @@ def runtime_metrics(
     order prediction mu T / W (``costmodel.first_order_reuse``); under sync the configured
     y = B / R stands for the prediction and there is no mu estimate (NaN).
 
-    ``node_seconds`` (runtime=distributed): the node's own seconds so far, its wall-clock
-    less the evaluations and snapshots it stood still for. Then ``runtime/node_time`` is that
-    over t, one trainer rank's seconds per trained sample (the ledger's training seconds over
+    ``node_seconds`` (runtime=distributed; NaN in process): the node's own seconds so far,
+    its wall-clock less the evaluations and snapshots it stood still for. Then
+    ``runtime/node_time`` is that over t, one trainer rank's seconds per trained sample (the ledger's training seconds over
     samples trained, both summed over ranks): the node's time in units of one GPU training one
     sample, the unit of ``generation_cost=modelled``."""
     nan = float("nan")
     y = led.samples_trained / led.rollouts if led.rollouts else nan
     W, T = d.workers, d.trainers
     asynchronous = W is not None and T is not None
-    node = {}
-    if node_seconds is not None:
-        t = led.seconds_train / led.samples_trained if led.samples_trained else nan
-        node["runtime/node_seconds"] = node_seconds
-        node["runtime/node_time"] = node_seconds / t if t > 0 else nan
+    t = led.seconds_train / led.samples_trained if led.samples_trained else nan
+    node_time = node_seconds / t if node_seconds is not None and t > 0 else nan
     return {
-        **node,
+        # NaN in process (no node clock: the analysis models one, analysis/node_time.py)
+        "runtime/node_seconds": nan if node_seconds is None else node_seconds,
+        "runtime/node_time": node_time,
         "runtime/reuse": y,
         "runtime/mu_estimate": y * W / T if asynchronous else nan,
         "runtime/first_order_reuse": (

@@ -20,13 +20,14 @@ stalls. Padding waste and any other GPU inefficiency are in mu, as they are in t
 measured mu.
 
 M_j is drawn from its own distribution (P[M <= m] = F(m)^n, F the log-normal's CDF) by its
-quantile at u_j, and the u_j are stratified in blocks of ``BLOCK`` calls: each call of a block
-takes a different one of the BLOCK equal slices of (0, 1) (a seeded permutation), uniformly
-inside it. Every M_j has exactly the distribution above, and a block's mean M / E[M] has a
-third of the spread of 8 independent draws (n = 64, sigma = 0.5, 400 seeds: sd 0.031, 5-95 %
-0.97-1.06, against 0.088 and 0.87-1.15; seed 0 of the 30-step bench drew 0.933 independent),
-so a short run realises mu rather than mu times its draws' luck. The u_j come from
-``derive_seed(seed, "gencost", w, block)``, so a relaunch redraws the same ones.
+quantile at u_j (replay_exp/lengthmodel.py), and the u_j are stratified in blocks of 8 calls:
+each call of a block takes a different one of the 8 equal slices of (0, 1) (a seeded
+permutation), uniformly inside it. Every M_j has exactly the distribution above, and a
+block's mean M / E[M] has a third of the spread of 8 independent draws (n = 64, sigma = 0.5,
+400 seeds: sd 0.031, 5-95 % 0.97-1.06, against 0.088 and 0.87-1.15; seed 0 of the 30-step
+bench drew 0.933 independent), so a short run realises mu rather than mu times its draws'
+luck. The u_j come from ``derive_seed(seed, "gencost", w, block)``, so a relaunch redraws the
+same ones.
 
 The trainers' t changes as the run goes (the first update is the slowest, and before their
 first step there is none: the generator then times one forward and backward of its first
@@ -53,54 +54,15 @@ from __future__ import annotations
 
 import math
 import time
-from statistics import NormalDist
 
-import numpy as np
 import torch
 
+from replay_exp.lengthmodel import expected_max, longest
 from replay_exp.models.forward import policy_logprobs
-from replay_exp.schedule import derive_seed
 from replay_exp.types import RolloutBatch
 
 # Key under which trainer rank 0 publishes its seconds per trained sample (a float as text).
 STORE_KEY = "cost/train_seconds_per_sample"
-_NORMAL = NormalDist()
-
-
-# Calls per stratified block of length quantiles (module docstring).
-BLOCK = 8
-
-
-def longest(u: float, n: int, sigma: float) -> float:
-    """The quantile at ``u`` of the longest of n relative lengths: P[M <= m] = F(m)^n, so
-    m = F^-1(u^(1/n)) = exp(-sigma^2 / 2 + sigma Phi^-1(u^(1/n)))."""
-    if sigma == 0:
-        return 1.0
-    return math.exp(-0.5 * sigma * sigma + sigma * _NORMAL.inv_cdf(u ** (1.0 / n)))
-
-
-def expected_max(n: int, sigma: float, points: int = 20000) -> float:
-    """E[longest of n relative lengths] = the integral of :func:`longest` over u in (0, 1),
-    by the midpoint rule (1 when sigma = 0)."""
-    if sigma == 0:
-        return 1.0
-    return math.fsum(longest((k + 0.5) / points, n, sigma) for k in range(points)) / points
-
-
-def quantile_levels(seed: int, w: int | str, block: int) -> np.ndarray:
-    """The BLOCK levels u of stream ``w``'s calls ``block * BLOCK ..``: call k of the block
-    takes the slice ``perm[k]`` of a seeded permutation, uniform inside it (module
-    docstring)."""
-    rng = np.random.default_rng(derive_seed(seed, "gencost", w, block))
-    perm, offsets = rng.permutation(BLOCK), rng.random(BLOCK)
-    return (perm + offsets) / BLOCK
-
-
-def quantile_level(seed: int, w: int | str, j: int) -> float:
-    """u_j of stream ``w``'s call ``j`` (generator ``w``'s; the analysis's node clock uses
-    ``w = "node"``)."""
-    block, k = divmod(j, BLOCK)
-    return float(quantile_levels(seed, w, block)[k])
 
 
 class ModelledCost:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from replay_exp.checkpoint import read_snapshot
+from replay_exp.lengthmodel import quantile_level
 from replay_exp.models import load_policy
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, with_trainer_logp
@@ -43,7 +44,7 @@ from replay_exp.runtime.channels import (
     unflatten_into,
     weight_keys,
 )
-from replay_exp.schedule import derive_seed
+from replay_exp.seeding import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.types import RolloutBatch
 
@@ -159,7 +160,7 @@ def run_generator(
                         policy, fresh, g.temperature, a.micro_batch_size
                     )
                 per_sample = calibrated
-            u = gencost.quantile_level(cfg.seed, w, j)
+            u = quantile_level(cfg.seed, w, j)
             elapsed = time.perf_counter() - t0  # the generation (and a first calibration)
             seconds, own = cost.next_call(len(fresh), u, per_sample, elapsed)  # revalued
             if seconds > elapsed:

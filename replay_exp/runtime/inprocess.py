@@ -23,7 +23,8 @@ from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, with_trainer_logp
 from replay_exp.runtime.accounting import buffer_views, runtime_metrics
 from replay_exp.runtime.base import Arrival
-from replay_exp.schedule import Every, WeightHistory, derive_seed, make_arrivals
+from replay_exp.schedule import Every, WeightHistory, make_arrivals
+from replay_exp.seeding import derive_seed
 
 # Files a snapshot covers (fsynced before it is committed).
 LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")

@@ -14,13 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from replay_exp.runtime.gencost import (
-    BLOCK,
-    ModelledCost,
-    expected_max,
-    longest,
-    quantile_level,
-)
+from replay_exp.lengthmodel import BLOCK, expected_max, longest, quantile_level
+from replay_exp.runtime.gencost import ModelledCost
 
 
 def test_expected_max_of_two_lengths_is_the_closed_form():
