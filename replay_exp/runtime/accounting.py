@@ -69,9 +69,9 @@ def runtime_metrics(
 
     ``node_seconds`` (runtime=distributed; NaN in process): the node's own seconds so far,
     its wall-clock less the evaluations and snapshots it stood still for. Then
-    ``runtime/node_time`` is that over t, one trainer rank's seconds per trained sample (the ledger's training seconds over
-    samples trained, both summed over ranks): the node's time in units of one GPU training one
-    sample, the unit of ``generation_cost=modelled``."""
+    ``runtime/node_time`` is that over t, one trainer rank's seconds per trained sample (the
+    ledger's training seconds over samples trained, both summed over ranks): the node's time
+    in units of one GPU training one sample, the unit of ``generation_cost=modelled``."""
     nan = float("nan")
     y = led.samples_trained / led.rollouts if led.rollouts else nan
     W, T = d.workers, d.trainers
