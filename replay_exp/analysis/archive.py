@@ -9,7 +9,10 @@ training steps. Its archived copy keeps
   carries that step's training, buffer and ledger metrics), and the last row (the run's totals);
 - ``eval_details.jsonl`` whole (per-problem results: the problem-level bootstrap), and
   ``config.yaml``, ``summary.json``, ``buffer_telemetry.json`` as they are;
-- ``archive.json``: how many rows the source had and how many were kept.
+- ``final_passk.json`` when the run has one (``python -m replay_exp.evaluate_final``);
+- ``archive.json``: how many rows the source had and how many were kept, and when the run
+  started and finished (the source's ``config.yaml`` and ``summary.json`` file times, which
+  the copies do not keep: the report's sweep wall-clock reads them from here).
 
 It is a run directory like any other: ``load_runs``, ``replay-exp-report`` and
 ``python -m replay_exp.analysis.selection`` read it and give the same finals, peaks and
@@ -32,7 +35,13 @@ from pathlib import Path
 
 from replay_exp.analysis.loader import find_run_dirs, read_run
 
-COPIED = ("config.yaml", "summary.json", "buffer_telemetry.json", "eval_details.jsonl")
+COPIED = (
+    "config.yaml",
+    "summary.json",
+    "buffer_telemetry.json",
+    "eval_details.jsonl",
+    "final_passk.json",  # python -m replay_exp.evaluate_final
+)
 
 
 def kept_rows(lines: list[str]) -> list[str]:
@@ -60,6 +69,8 @@ def archived_files(run_dir: Path) -> dict[str, str]:
                 "rows_source": sum(1 for line in lines if line.strip()),
                 "rows_kept": len(rows),
                 "kept": "rows with an eval/ key, and the last row",
+                "started": (run_dir / "config.yaml").stat().st_mtime,
+                "finished": (run_dir / "summary.json").stat().st_mtime,
             },
             indent=1,
         )

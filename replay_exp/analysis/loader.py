@@ -198,6 +198,9 @@ def from_records(
             "status": status,
             "run_dir": str(where),
         }
+        # Where the run was found, not the run_dir its config names (an archived copy's
+        # config still names runs/...): eval_details.jsonl is read from here.
+        cfg = {k: v for k, v in cfg.items() if k not in meta}
         per_run.append({**meta, **cfg})
         if rows:
             frame = pd.DataFrame(rows)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import warnings
@@ -362,11 +363,20 @@ def _markdown(
 
 def sweep_wall_seconds(runs: Runs) -> float | None:
     """Wall-clock of the runs as a whole: the first ``config.yaml`` written (a run starts) to
-    the last ``summary.json`` (a run finishes), from the run directories' file times; None when
-    a run has no directory here (W&B) or has not finished."""
+    the last ``summary.json`` (a run finishes), from the run directories' file times, or for an
+    archived copy from the source's times in its ``archive.json``; None when a run has no
+    directory here (W&B), has not finished, or is an archive without the times."""
     starts, ends = [], []
     for d in runs.runs.get("run_dir", pd.Series(dtype=object)):
-        start, end = Path(str(d)) / "config.yaml", Path(str(d)) / "summary.json"
+        start, end, record = (Path(str(d)) / n for n in ("config.yaml", "summary.json",
+                                                         "archive.json"))  # fmt: skip
+        if record.is_file():  # the copy's file times are when it was copied
+            times = json.loads(record.read_text())
+            if "started" not in times:
+                return None
+            starts.append(times["started"])
+            ends.append(times["finished"])
+            continue
         if not (start.is_file() and end.is_file()):
             return None
         starts.append(start.stat().st_mtime)

@@ -11,6 +11,7 @@ import pytest
 
 from replay_exp.analysis.archive import archive, main
 from replay_exp.analysis.loader import load_runs
+from replay_exp.analysis.report import sweep_wall_seconds
 from replay_exp.analysis.stats import compare_to_baseline
 
 
@@ -34,6 +35,11 @@ def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_swe
     # Fewer rows: only evaluations (every 2 of 4 steps: 0, 2, 4) and the last one.
     meta = json.loads(next(copy.rglob("archive.json")).read_text())
     assert meta["rows_kept"] < meta["rows_source"]
+    # The sweep's wall-clock: the sources' start and finish times, not the copies' file times.
+    assert sweep_wall_seconds(a) > 0
+    assert sweep_wall_seconds(b) == sweep_wall_seconds(a)
+    copies = {str(p.parent) for p in copy.rglob("archive.json")}
+    assert set(b.runs["run_dir"]) == copies
     # Archiving again changes nothing.
     again = archive([src], tmp_path / "archive")
     assert len(again["unchanged"]) == 4 and not again["written"]

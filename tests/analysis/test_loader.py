@@ -185,3 +185,13 @@ def test_the_same_configuration_and_seed_from_two_sweeps_counts_once(sweep, tmp_
     assert sorted(cap64["seed"]) == [0, 1, 7]
     assert sorted(cap64["run_dir"].str.startswith(str(other))) == [False, False, True]
     assert len(runs.steps[runs.steps["run_dir"] == str(other / "buffer.capacity=64,seed=0")]) == 0
+
+
+def test_run_dir_is_where_the_run_was_found_not_where_its_config_says(tmp_path):
+    # An archived copy keeps the config's run_dir (runs/...); per-problem results must be read
+    # from the copy, else a fresh clone's report silently falls back to seeds only.
+    cfg = {**_config(64, 0), "run_dir": "runs/sweep/seed=0"}
+    _write(tmp_path / "archive" / "seed=0", cfg, _rows(0.2, None, 0.5), True)
+    runs = load_runs(tmp_path / "archive")
+    assert list(runs.runs["run_dir"]) == [str(tmp_path / "archive" / "seed=0")]
+    assert set(runs.steps["run_dir"]) == {str(tmp_path / "archive" / "seed=0")}
