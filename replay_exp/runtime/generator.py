@@ -196,11 +196,13 @@ def run_generator(
 PAUSE_KEY = "node/paused"
 
 
-def wait_while_paused(store) -> float:
-    """Block while the node is paused (``PAUSE_KEY``); the seconds waited."""
+def wait_while_paused(store, poll: float = 0.02) -> float:
+    """Block while the node is paused (``PAUSE_KEY``); the seconds waited. Polled every
+    ``poll`` seconds: fast polling by W generators would take CPU from the evaluation they
+    wait for on a small machine (not measured), and 20 ms is small beside a generator call."""
     t0 = time.perf_counter()
     while store.check([PAUSE_KEY]) and store.get(PAUSE_KEY) == b"1":
-        time.sleep(0.005)
+        time.sleep(poll)
     return time.perf_counter() - t0
 
 
