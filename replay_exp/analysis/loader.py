@@ -38,8 +38,11 @@ from replay_exp.analysis.node_time import modelled_node_time
 from replay_exp.logging import flatten, read_metrics
 
 # Config keys that never distinguish configurations: where the run lives and how it is logged,
-# and what the machine picked (threads, device).
+# what the machine picked (threads, device), and how often it is evaluated (training does not
+# depend on it: docs/findings.md, the budget study; the statistics interpolate onto the
+# baseline's grid).
 IGNORED_KEYS = (
+    "eval.every",
     "run_dir",
     "output_root",
     "sweep_name",
@@ -198,15 +201,15 @@ def from_records(
             "status": status,
             "run_dir": str(where),
         }
-        # Where the run was found, not the run_dir its config names (an archived copy's
-        # config still names runs/...): eval_details.jsonl is read from here.
-        cfg = {k: v for k, v in cfg.items() if k not in meta}
-        per_run.append({**meta, **cfg})
+        # meta wins: run_dir is where the run was found, not the one its config names (an
+        # archived copy's config still names runs/...); eval_details.jsonl is read from here.
+        row = {**meta, **{k: v for k, v in cfg.items() if k not in meta}}
+        per_run.append(row)
         if rows:
             frame = pd.DataFrame(rows)
             if x == "node":  # in process: a modelled node clock (analysis/node_time.py)
                 frame = with_node_time(frame, cfg)
-            for k, v in reversed(list({**meta, **cfg}.items())):
+            for k, v in reversed(list(row.items())):
                 frame.insert(0, k, [v] * len(frame))
             step_frames.append(frame)
     # Order: configurations by their key values (numbers numerically, the on-policy baseline

@@ -195,3 +195,12 @@ def test_run_dir_is_where_the_run_was_found_not_where_its_config_says(tmp_path):
     runs = load_runs(tmp_path / "archive")
     assert list(runs.runs["run_dir"]) == [str(tmp_path / "archive" / "seed=0")]
     assert set(runs.steps["run_dir"]) == {str(tmp_path / "archive" / "seed=0")}
+
+
+def test_the_evaluation_cadence_does_not_make_a_configuration(tmp_path):
+    # Training does not depend on eval.every: runs that differ only in it are one configuration.
+    for seed, every in ((0, 50), (1, 100)):
+        cfg = {**_config(64, seed), "eval": {"every": every}}
+        _write(tmp_path / "s" / f"seed={seed}", cfg, _rows(0.2, None, 0.5), True)
+    runs = load_runs(tmp_path / "s")
+    assert runs.config_keys == [] and runs.runs["label"].nunique() == 1
