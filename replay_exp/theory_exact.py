@@ -167,20 +167,30 @@ def compare_models(
     the latter with rho read at delta = 1 and at the configuration's own mean reuse gap
     (sigma flat: the measured alpha is ~0). Below 1: replay predicted better. Also the share
     of a rollout's pairs of uses beyond ``measured_to`` (the last measured delta)."""
-    on = j_on_policy(mu)
-    paper_on = j_paper(1, 1, mu, rho(1))
     rows = []
     for label, N, R in configs:
         x, y = N / R, batch / R
-        gap = mean_reuse_gap(x, R)
         rows.append({
-            "config": label, "x": x, "y": y, "mean_gap": gap, "rho_at_gap": rho(gap),
+            "config": label, "x": x, "y": y, **relative_j(x, y, R, mu, rho),
             "pairs_beyond_measured": share_of_pairs_beyond(x, R, measured_to),
-            "exact": j_exact(x, y, R, mu, rho) / on,
-            "paper_rho1": j_paper(x, y, mu, rho(1)) / paper_on,
-            "paper_rho_gap": j_paper(x, y, mu, rho(gap)) / paper_on,
         })  # fmt: skip
     return rows
+
+
+def relative_j(x: float, y: float, R: int, mu: float, rho: Callable[[float], float]) -> dict:
+    """One FIFO configuration's J / J_on-policy: ``exact`` (:func:`j_exact` over
+    :func:`j_on_policy`) and the paper's bound over its own J(1, 1) at rho(1), with rho read
+    at delta = 1 (``paper_rho1``) and at the configuration's :func:`mean_reuse_gap`
+    (``paper_rho_gap``); also that gap and rho there."""
+    gap = mean_reuse_gap(x, R)
+    paper_on = j_paper(1, 1, mu, rho(1))
+    return {
+        "mean_gap": gap,
+        "rho_at_gap": rho(gap),
+        "exact": j_exact(x, y, R, mu, rho) / j_on_policy(mu),
+        "paper_rho1": j_paper(x, y, mu, rho(1)) / paper_on,
+        "paper_rho_gap": j_paper(x, y, mu, rho(gap)) / paper_on,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -102,14 +102,15 @@ def families(runs: Runs, over: tuple[str, ...] = ("algo.lr",)) -> tuple[dict[str
     return fam, "on-policy" if "on-policy" in fam.values() else None
 
 
-def pick_label(runs: Runs, name: str) -> str:
-    """The configuration label equal to ``name``, else the only one containing it."""
+def pick_label(runs: Runs, name: str, option: str = "--baseline") -> str:
+    """The configuration label equal to ``name``, else the only one containing it (errors
+    name the command-line ``option`` it came from)."""
     labels = list(dict.fromkeys(runs.runs["label"]))
     if name in labels:
         return name
     hits = [label for label in labels if name in label]
     if len(hits) != 1:
-        raise ReportError(f"--baseline {name!r} matches {len(hits)} configurations; the labels: "
+        raise ReportError(f"{option} {name!r} matches {len(hits)} configurations; the labels: "
                           f"{'; '.join(labels)}")  # fmt: skip
     return hits[0]
 
