@@ -169,9 +169,21 @@ def load_runs(
 
             records += wandb_records(str(p).removeprefix("wandb:"))
     local = [p for p in paths if not str(p).startswith("wandb:")]
-    for root, run_dir in find_run_dirs(local) if local else []:
+    found = find_run_dirs(local) if local else []
+    # A run's id is its path under the sweep directory it was found in; two sweeps that both
+    # hold e.g. seed=5/ would share it (and their curves would be merged into one run), so then
+    # every id is qualified by its sweep directory's name.
+    ids = [str(run_dir.relative_to(root)) for root, run_dir in found]
+    if len(set(ids)) < len(ids):
+        ids = [f"{root.name}/{i}" for (root, _), i in zip(found, ids, strict=True)]
+        if len(set(ids)) < len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(
+                f"two runs share the id {dup[0]}: pass sweep directories with different names"
+            )
+    for (_, run_dir), run_id in zip(found, ids, strict=True):
         config, rows, status = read_run(run_dir)
-        records.append((str(run_dir.relative_to(root)), run_dir, config, rows, status))
+        records.append((run_id, run_dir, config, rows, status))
     if not records:
         where = ", ".join(map(str, paths))
         raise FileNotFoundError(

@@ -204,3 +204,17 @@ def test_the_evaluation_cadence_does_not_make_a_configuration(tmp_path):
         _write(tmp_path / "s" / f"seed={seed}", cfg, _rows(0.2, None, 0.5), True)
     runs = load_runs(tmp_path / "s")
     assert runs.config_keys == [] and runs.runs["label"].nunique() == 1
+
+
+def test_runs_with_the_same_directory_name_in_two_sweeps_stay_two_runs(tmp_path):
+    # seed=5/ of an on-policy sweep and seed=5/ of another sweep: one id would merge their rows
+    # into one curve (found on Finding 1 stage 2 + theory_recommend: drawdowns 0.026 -> 0.062).
+    _write(tmp_path / "onp" / "seed=5", _config(64, 5, name="on_policy"), _rows(0.2, None, 0.6),
+           True)  # fmt: skip
+    _write(tmp_path / "fifo" / "seed=5", _config(64, 5), _rows(0.3, None, 0.4), True)
+    runs = load_runs([tmp_path / "onp", tmp_path / "fifo"])
+    assert sorted(runs.runs["run"]) == ["fifo/seed=5", "onp/seed=5"]
+    per_run = runs.steps.dropna(subset=["eval/pass@1"]).groupby("run")["eval/pass@1"]
+    assert per_run.apply(list).to_dict() == {"fifo/seed=5": [0.3, 0.4], "onp/seed=5": [0.2, 0.6]}
+    # One sweep alone keeps the plain names.
+    assert list(load_runs(tmp_path / "onp").runs["run"]) == ["seed=5"]
