@@ -25,6 +25,10 @@ share of the pool's ``algo`` loss, times the pool size) and keeps only Gram matr
 pool's mean gradient carries (1 at tau = 0; the clip and the ratios shrink it), and
 ``informative(tau)`` is the share of the pool's prompt groups with a non-zero gradient (not all
 rewards equal): an older policy's pool has a different reward mix, which moves sigma^2 too.
+``mean2`` is ``||m_0||^2``, the fresh pool's squared mean gradient (is the signal itself
+resolved at this pool size?), and ``drift2_detect`` per tau the smallest ``drift^2`` the
+measurement would detect (two-sided 95 %, power 0.8, from the bootstrap's spread): a drift
+estimate inside its interval of 0 says "below this", not "none".
 
 ``DIR/noise_blocks.npz`` keeps the per-group Gram blocks (every bootstrap can be redone from it)
 and ``DIR/noise.json`` the estimates: per point and seed, and pooled over seeds with 95 %
@@ -218,8 +222,11 @@ def estimates(blocks: dict[int, Measured], taus: list[int], deltas: list[int],
                           w[sd][max(deltas)])  # fmt: skip
         for sd in seeds
     ])) for dl in deltas]  # fmt: skip
+    # ||m_0||^2, the fresh pool's squared mean gradient (pairs of different groups: unbiased),
+    # the scale a stale pool's bias drift^2 is measured against.
+    mean2 = float(np.mean([blocks[sd]["sigma/0"].different(w[sd][0]) for sd in seeds]))
     out = {"sigma2": sigma2, "drift2": drift, "error": error, "signal": signal, "rho": rho,
-           "informative": informative}  # fmt: skip
+           "informative": informative, "mean2": mean2}  # fmt: skip
     for name, values in (("alpha", sigma2), ("alpha_error", error)):
         try:
             out[name], out[f"{name}_log_c"] = fit_power_law(taus, values)
@@ -250,7 +257,24 @@ def bootstrap(blocks: dict[int, dict[str, Measured]], taus: list[int],
         out[f"{key}_ci"] = [ci(key, j) for j in range(len(taus))]
     out["rho_ci"] = [ci("rho", j) for j in range(len(deltas))]
     out["alpha_ci"], out["alpha_error_ci"] = ci("alpha"), ci("alpha_error")
+    out["mean2_ci"] = ci("mean2")
+    out["drift2_detect"] = [
+        detection_limit(np.array([r["drift2"][j] for r in reps])) for j in range(len(taus))
+    ]
     return out
+
+
+# z_{0.975} + z_{0.80} = 1.959964 + 0.841621: a true value this many standard errors from 0 is
+# detected by a two-sided 95 % test with probability 0.8.
+_Z_DETECT = 2.801585
+
+
+def detection_limit(replicates: np.ndarray) -> float:
+    """The smallest true value a two-sided 95 % test detects with power 0.8, from bootstrap
+    replicates of its estimate: 2.80 x their standard deviation (normal approximation; e.g.
+    replicates with sd 0.5 give 1.40). NaN replicates (degenerate resamples) are dropped."""
+    finite = replicates[np.isfinite(replicates)]
+    return float(_Z_DETECT * finite.std(ddof=1)) if len(finite) > 1 else float("nan")
 
 
 def save_blocks(path: Path, blocks: dict[int, dict[str, Measured]]) -> None:
@@ -360,6 +384,11 @@ def main(argv: list[str] | None = None) -> None:
           + ", ".join(f"rho({dl}) = {r:.3f} [{lo:.3f}, {hi:.3f}]"
                       for dl, r, (lo, hi) in zip(args.deltas, p["rho"], p["rho_ci"], strict=True))
           + f"; {seconds:.0f} s")  # fmt: skip
+    lo, hi = p["mean2_ci"]
+    print(f"||m_0||^2 (fresh mean gradient) = {p['mean2']:.3f} [{lo:.3f}, {hi:.3f}]; drift^2 "
+          "detection limit (80 % power) per tau: "
+          + ", ".join(f"{tau}: {d:.3f}" for tau, d in zip(args.taus, p["drift2_detect"],
+                                                        strict=True) if tau > 0))  # fmt: skip
 
 
 if __name__ == "__main__":

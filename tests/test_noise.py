@@ -155,6 +155,9 @@ def test_measure_noise_cli_end_to_end(fast, tmp_path):
     assert lo <= pooled["alpha"] <= hi
     assert all(-1.5 < r < 1.5 for r in pooled["rho"])
     assert (out / "noise.png").stat().st_size > 0
+    lo, hi = pooled["mean2_ci"]
+    assert lo <= pooled["mean2"] <= hi
+    assert len(pooled["drift2_detect"]) == 4 and all(d > 0 for d in pooled["drift2_detect"][1:])
     blocks = load_blocks(out / "noise_blocks.npz")
     assert set(blocks) == {0, 1} and set(blocks[0]) == {"4", "6"}
     b = blocks[0]["4"]["sigma/0"]
@@ -162,3 +165,14 @@ def test_measure_noise_cli_end_to_end(fast, tmp_path):
     # the saved blocks reproduce the summary's estimate (the seed mean) exactly
     again = np.mean([noise_variance(blocks[sd]["4"]["sigma/0"]) for sd in (0, 1)])
     assert again == pytest.approx(summary["points"]["4"]["sigma2"][0], rel=1e-12)
+
+
+def test_detection_limit_is_2_8_bootstrap_standard_errors():
+    from replay_exp.measure_noise import detection_limit
+
+    # replicates -1, 1: sd (ddof 1) = sqrt(2); (1.959964 + 0.841621) sqrt(2) = 3.96204
+    assert detection_limit(np.array([-1.0, 1.0])) == pytest.approx(3.96204, abs=1e-4)
+    # a NaN replicate (degenerate resample) is dropped; constant replicates detect anything
+    assert detection_limit(np.array([-1.0, np.nan, 1.0])) == pytest.approx(3.96204, abs=1e-4)
+    assert detection_limit(np.array([2.0, 2.0, 2.0])) == 0.0
+    assert np.isnan(detection_limit(np.array([1.0])))
