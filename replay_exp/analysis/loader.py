@@ -260,8 +260,15 @@ def _one_per_seed(records: Sequence[tuple], names: list[str], configs: list[dict
 def with_node_time(frame: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
     """``frame`` with ``runtime/node_time`` modelled where the run did not log one (an
     in-process run; :func:`replay_exp.analysis.node_time.modelled_node_time`)."""
-    if cfg.get("runtime.name") == "distributed" or "step" not in frame:
-        return frame  # measured by the run itself (or NaN: a run before the node clock)
+    if "step" not in frame:
+        return frame
+    if cfg.get("runtime.name") == "distributed":  # measured by the run itself
+        if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
+            # step 0 is the clock's origin; runs before 2026-12-04 logged NaN there (no
+            # sample trained yet, so no t to divide by), which left peaks undefined
+            at_start = (frame["step"] == 0) & frame[NODE_COLUMN].isna()
+            return frame.assign(**{NODE_COLUMN: frame[NODE_COLUMN].mask(at_start, 0.0)})
+        return frame  # NaN throughout: a run before the node clock
     if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
         return frame
     return frame.assign(**{NODE_COLUMN: modelled_node_time(cfg, frame["step"].to_numpy())})

@@ -5,9 +5,10 @@ stalls, the stall factor against its expectation, and the loader filling the col
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from replay_exp.analysis.loader import load_runs
+from replay_exp.analysis.loader import load_runs, with_node_time
 from replay_exp.analysis.node_time import COLUMN, modelled_node_time, sync_step_times
 from replay_exp.lengthmodel import expected_max
 
@@ -55,3 +56,14 @@ def test_loading_with_x_node_models_the_clock_of_in_process_runs(tiny_sweeps):
         assert np.all(np.isfinite(node)) and np.all(np.diff(node) >= 0)
         assert node[-1] > 0
     assert load_runs(tiny_sweeps["compute"]).steps[COLUMN].isna().all()
+
+
+def test_a_distributed_run_keeps_its_measured_clock_with_step_0_as_its_origin():
+    """A runtime=distributed run measured its own clock; runs before 2026-12-04 logged NaN at
+    step 0 (no sample trained yet), which the loader reads as the origin, 0. A run without
+    any clock (NaN throughout) is left alone, and an in-process run's clock is modelled."""
+    measured = pd.DataFrame({"step": [0, 196, 392], COLUMN: [np.nan, 9053.4, 18197.1]})
+    got = with_node_time(measured, {"runtime.name": "distributed"})[COLUMN].tolist()
+    assert got == [0.0, 9053.4, 18197.1]
+    none = pd.DataFrame({"step": [0, 196], COLUMN: [np.nan, np.nan]})
+    assert with_node_time(none, {"runtime.name": "distributed"})[COLUMN].isna().all()
