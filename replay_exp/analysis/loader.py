@@ -264,8 +264,8 @@ def with_node_time(frame: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
         return frame
     if cfg.get("runtime.name") == "distributed":  # measured by the run itself
         if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
-            # step 0 is the clock's origin; runs before 2026-12-04 logged NaN there (no
-            # sample trained yet, so no t to divide by), which left peaks undefined
+            # step 0 is the clock's origin: its evaluation row is logged before any step and
+            # carries no runtime metrics, and a NaN there would leave peaks undefined
             at_start = (frame["step"] == 0) & frame[NODE_COLUMN].isna()
             return frame.assign(**{NODE_COLUMN: frame[NODE_COLUMN].mask(at_start, 0.0)})
         return frame  # NaN throughout: a run before the node clock

@@ -78,8 +78,6 @@ def runtime_metrics(
     asynchronous = W is not None and T is not None
     t = led.seconds_train / led.samples_trained if led.samples_trained else nan
     node_time = node_seconds / t if node_seconds is not None and t > 0 else nan
-    if node_seconds is not None and not led.samples_trained:
-        node_time = 0.0  # before the first step: the clock's origin, as compute's (t unknown)
     return {
         # NaN in process (no node clock: the analysis models one, analysis/node_time.py)
         "runtime/node_seconds": nan if node_seconds is None else node_seconds,

@@ -59,9 +59,9 @@ def test_loading_with_x_node_models_the_clock_of_in_process_runs(tiny_sweeps):
 
 
 def test_a_distributed_run_keeps_its_measured_clock_with_step_0_as_its_origin():
-    """A runtime=distributed run measured its own clock; runs before 2026-12-04 logged NaN at
-    step 0 (no sample trained yet), which the loader reads as the origin, 0. A run without
-    any clock (NaN throughout) is left alone, and an in-process run's clock is modelled."""
+    """A runtime=distributed run measured its own clock, but its step-0 evaluation row (logged
+    before any step) has none: the loader reads it as the origin, 0. A run without any clock
+    (NaN throughout) is left alone."""
     measured = pd.DataFrame({"step": [0, 196, 392], COLUMN: [np.nan, 9053.4, 18197.1]})
     got = with_node_time(measured, {"runtime.name": "distributed"})[COLUMN].tolist()
     assert got == [0.0, 9053.4, 18197.1]

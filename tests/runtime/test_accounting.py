@@ -104,11 +104,6 @@ def test_runtime_metrics_against_the_compute_model():
                            replica_checks=12, wall=4.0, node_seconds=3.0)  # fmt: skip
     assert node["runtime/node_seconds"] == 3.0
     assert node["runtime/node_time"] == pytest.approx(576.0)
-    # Before the first step no sample is trained (t unknown): the clock's origin, 0.
-    start = runtime_metrics(_ledger(mu=0.5, steps=0, rollouts=0, samples_trained=0),
-                            _D(1, 2, 1.0), pushes=0, skipped=0, wait_seconds=0.0,
-                            replica_checks=0, wall=1.0, node_seconds=0.7)  # fmt: skip
-    assert start["runtime/node_time"] == 0.0
     # Under schedule=sync the configured y = B / R is the prediction; mu is not estimated.
     sync = runtime_metrics(led, _D(None, None, 2.0), pushes=0, skipped=0, wait_seconds=0.0,
                            replica_checks=0, wall=0.0)  # fmt: skip
