@@ -262,15 +262,13 @@ def with_node_time(frame: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
     in-process run; :func:`replay_exp.analysis.node_time.modelled_node_time`)."""
     if "step" not in frame:
         return frame
-    if cfg.get("runtime.name") == "distributed":  # measured by the run itself
-        if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
-            # step 0 is the clock's origin: its evaluation row is logged before any step and
-            # carries no runtime metrics, and a NaN there would leave peaks undefined
-            at_start = (frame["step"] == 0) & frame[NODE_COLUMN].isna()
-            return frame.assign(**{NODE_COLUMN: frame[NODE_COLUMN].mask(at_start, 0.0)})
+    if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():  # measured by the run itself
+        # step 0 is the clock's origin: its evaluation row is logged before any step and
+        # carries no runtime metrics, and a NaN there would leave peaks undefined
+        at_start = (frame["step"] == 0) & frame[NODE_COLUMN].isna()
+        return frame.assign(**{NODE_COLUMN: frame[NODE_COLUMN].mask(at_start, 0.0)})
+    if cfg.get("runtime.name") == "distributed":
         return frame  # NaN throughout: a run before the node clock
-    if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():
-        return frame
     return frame.assign(**{NODE_COLUMN: modelled_node_time(cfg, frame["step"].to_numpy())})
 
 
