@@ -90,11 +90,12 @@ def brackets(table: pd.DataFrame, tune: list[str], tie: float = 1e-3) -> pd.Data
     rows = []
     for key, t in table.groupby(others, dropna=False, sort=False):
         lrs = sorted(t[LR].unique())
-        best = float(pick(t, tie)[LR])
+        chosen = pick(t, tie)
+        best = float(chosen[LR])
         rows.append({
             **dict(zip(others, key if isinstance(key, tuple) else (key,), strict=True)),
             "lrs": " ".join(f"{v:g}" for v in lrs), "best_lr": best,
-            "best_score": float(t["score"].max()),
+            "best_score": float(chosen["score"]),  # the picked lr's (a tie may pick below max)
             "bracketed": len(lrs) >= 3 and lrs[0] < best < lrs[-1],
             "widen_to": "" if lrs[0] < best < lrs[-1] else f"{best / 2:g}" if best == lrs[0]
             else f"{best * 2:g}",

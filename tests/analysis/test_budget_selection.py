@@ -218,3 +218,14 @@ def test_arm_keys_split_arms_by_correction_and_rank_them(tmp_path):
     ]  # fmt: skip
     assert list(best["algo.lr"]) == [2e-5, 1e-5, 2e-5]
     assert list(best["score"]) == pytest.approx([0.8, 0.7, 0.6])
+
+
+def test_brackets_reports_the_score_of_the_lr_the_tie_rule_picked():
+    """lr 1e-5 / 2e-5 / 4e-5 score 0.8004 / 0.8000 / 0.7000: 1e-5 is highest, but 2e-5 is within
+    the 0.001 tie and larger, so 2e-5 is picked (inside the grid) and its own score, 0.8000,
+    not the maximum 0.8004, is the best_score printed next to it."""
+    table = pd.DataFrame({"arm": ["a"] * 3, "algo.lr": [1e-5, 2e-5, 4e-5],
+                          "score": [0.8004, 0.8000, 0.7000]})  # fmt: skip
+    row = brackets(table, ["algo.lr"]).iloc[0]
+    assert row["best_lr"] == 2e-5 and row["bracketed"]
+    assert row["best_score"] == pytest.approx(0.8000)
