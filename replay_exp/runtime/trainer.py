@@ -155,6 +155,8 @@ class TrainerRank:
         T, W = d.trainers, d.workers
         self.cfg, self.d, self.p, self.rank, self.group = cfg, d, parts, rank, group
         self.T, self.W, self.lead, self.wrapper = T, W, rank == 0, cfg.runtime.wrapper
+        # Where the group's tensor collectives run: NCCL reduces only CUDA tensors, gloo CPU ones.
+        self.collective_device = d.device if dist.get_backend(group) == "nccl" else "cpu"
         self.generators = list(range(T, T + W))
         # Per generator: rollouts received here, the newest batch index seen.
         self.received = dict.fromkeys(self.generators, 0)
@@ -226,7 +228,7 @@ class TrainerRank:
 
     def stop_now(self, step: int) -> bool:
         self.dead = self.dead or self._find_dead()
-        flag = torch.tensor([len(self.dead)], dtype=torch.long)
+        flag = torch.tensor([len(self.dead)], dtype=torch.long, device=self.collective_device)
         dist.all_reduce(flag, group=self.group)  # every trainer stops if any saw a death
         self.stopping = bool(int(flag))
         if self.stopping and self.lead:

@@ -20,6 +20,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from replay_exp.logging import read_metrics
 
@@ -89,6 +90,19 @@ def test_real_run_accounts_for_every_rollout(fast, tmp_path, trainers, wrapper):
     assert all(r["runtime/node_seconds"] < r["step"] / r["runtime/steps_per_second"]
                for r in evals)  # fmt: skip
     assert all(r["runtime/node_time"] > 0 for r in evals)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_real_run_on_cuda_reduces_over_nccl(fast, tmp_path):
+    """On CUDA the trainers' group is NCCL (runtime.backend=auto), which reduces CUDA tensors
+    only: the per-step stop flag once lived on the CPU and the first step died with "No backend
+    type associated with device type cpu" (the lent H200, 2026-12-04; LOG.md)."""
+    on_cuda = [o for o in fast if not o.startswith("device=")] + ["device=cuda"]
+    run_dir = tmp_path / "run"
+    run = _run(_command(on_cuda, run_dir, 1, "model.dtype=bfloat16"), tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _check_finished(run_dir, 1)
 
 
 def test_engine_logprobs_are_checked_against_the_pushed_weights(fast, tmp_path):
