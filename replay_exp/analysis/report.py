@@ -47,7 +47,7 @@ from replay_exp.analysis.plots import (
     plot_passk_gain,
     plot_telemetry,
 )
-from replay_exp.analysis.stats import INTERVALS, compare_to_baseline
+from replay_exp.analysis.stats import INTERVALS, compare_to_baseline, equivalence
 
 INTERVAL_NAMES = {
     "t": "seed-level t (Welch df) on the bootstrap SE of seeds and of problems",
@@ -172,13 +172,15 @@ def make_report(
     reference: str | None = None,
     interval: str = "t",
     envelope_over: tuple[str, ...] = ("algo.lr",),
+    margin: float | None = None,
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files).
     ``best_over_key``: report only each configuration's best value of that key
     (:func:`best_over`), e.g. every arm at its best learning rate. ``reference``: compare to
     this configuration (:func:`pick_label`) instead of the on-policy baseline. ``interval``:
     ``t`` or ``percentile`` (``replay_exp.analysis.stats``). ``envelope_over``: the keys each
-    Pareto envelope takes the best over (:func:`families`)."""
+    Pareto envelope takes the best over (:func:`families`). ``margin``: also say whether each
+    final difference is equivalent to 0 within +-margin (``replay_exp.analysis.stats``)."""
     runs = load_runs(paths, metric=metric, x=x)
     if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
@@ -216,6 +218,12 @@ def make_report(
     stats = None
     if base is not None and runs.runs["label"].nunique() > 1:
         stats = compare_to_baseline(runs, base, x, metric, frac, n_boot=n_boot, method=interval)
+        if margin is not None:
+            stats["margin"] = margin
+            stats["final_equivalence"] = [
+                equivalence(lo, hi, margin)
+                for lo, hi in zip(stats["final_lo"], stats["final_hi"], strict=True)
+            ]
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
 
@@ -419,10 +427,19 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         "rules out effects larger than about that, not smaller ones.",
         "",
     ]
+    margin = first.get("margin") if "final_equivalence" in stats else None
+    if margin is not None:
+        lines[-1:-1] = [
+            f"Equivalence margin {margin:g} (`--margin`, stated before the data): a final "
+            f"difference is **equivalent** when its whole 95 % interval lies inside "
+            f"[-{margin:g}, +{margin:g}]; otherwise not shown.",
+            "",
+        ]
     header = (
         "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
         f"| verdict | {x} saving [95 % CI] | verdict | stability [95 % CI] | verdict "
         "| MDE final / peak | per-seed final diffs |"
+        + (f" final within ±{margin:g} |" if margin is not None else "")
     )
     lines += [header, _rule(header)]
     for _, r in stats.iterrows():
@@ -437,6 +454,7 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
             f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_signed(r['stability'])} "
             f"[{_signed(r['stability_lo'])}, {_signed(r['stability_hi'])}] | "
             f"{r['stability_verdict']} | {_mde(r, 'final')} / {_mde(r, 'peak')} | {per_seed} |"
+            + (f" {r['final_equivalence']} |" if margin is not None else "")
         )
     return lines
 
@@ -578,10 +596,19 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY",
         help="keep each configuration's best value of KEY only (e.g. algo.lr)",
     )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="equivalence margin of the final difference, in the metric's units (e.g. 0.02 = 2 "
+        "points): equivalent when its whole 95 %% interval lies inside +-margin",
+    )
     args = p.parse_args(argv)
     try:
         if not 0 < args.frac <= 1:
             raise ReportError(f"--frac must be in (0, 1], got {args.frac}")
+        if args.margin is not None and not args.margin > 0:
+            raise ReportError(f"--margin must be > 0, got {args.margin}")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             summary, files = make_report(
@@ -596,6 +623,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.baseline,
                 args.interval,
                 tuple(args.envelope_over),
+                args.margin,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

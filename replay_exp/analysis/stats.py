@@ -56,6 +56,9 @@ How (``compare``):
 5. Verdict: ``better`` if the whole interval is above 0, ``worse`` if below, else ``not
    separable``. A "not separable" with an MDE of 3 points says "no effect larger than about 3
    points", not "no effect".
+6. Equivalence (``equivalence``, with a margin m stated before the data, e.g. the report's
+   ``--margin 0.02``): ``equivalent`` when the whole interval lies inside [-m, m]; a "not
+   separable" verdict alone is not equivalence.
 
 Runs without ``eval_details.jsonl`` (older runs, W&B) fall back to their logged metric: seeds
 are resampled, problems cannot be (``problems_resampled`` = False), so intervals are narrower
@@ -228,6 +231,15 @@ def verdict(lo: float, hi: float) -> str:
     if math.isnan(lo) or math.isnan(hi):
         return "not separable"
     return "better" if lo > 0 else "worse" if hi < 0 else "not separable"
+
+
+def equivalence(lo: float, hi: float, margin: float) -> str:
+    """``equivalent`` if the whole interval lies inside [-margin, margin], else ``not shown``:
+    equivalence by interval inclusion. With the 95 % interval it is stricter than the
+    two-one-sided-tests rule (a 90 % interval), so it errs toward "not shown"."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "not shown"
+    return "equivalent" if -margin <= lo and hi <= margin else "not shown"
 
 
 def _per_seed(vals: np.ndarray, prob_w: np.ndarray) -> np.ndarray:

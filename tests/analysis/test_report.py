@@ -79,6 +79,20 @@ def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
     assert "4 runs (4 finished), 2 configurations" in summary
 
 
+def test_report_equivalence_margin(tiny_sweeps, tmp_path):
+    out = tmp_path / "report"
+    proc = _report(tiny_sweeps["compute"], "--out", out, "--margin", "0.5", "--n-boot", "200")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = pd.read_csv(out / "stats.csv")
+    inside = (stats["final_lo"] >= -0.5) & (stats["final_hi"] <= 0.5)
+    expected = inside.map({True: "equivalent", False: "not shown"})
+    assert (stats["final_equivalence"] == expected).all()
+    summary = (out / "summary.md").read_text()
+    assert "Equivalence margin 0.5" in summary and "final within ±0.5 |" in summary
+    row = next(line for line in summary.splitlines() if line.startswith("| FIFO, y=2 | 2 (yes) "))
+    assert row.endswith(f" {stats['final_equivalence'].iloc[0]} |")
+
+
 def test_report_heatmap_over_n_and_the_node_split(tiny_sweeps, tmp_path):
     out = tmp_path / "report"
     proc = _report(tiny_sweeps["heatmap"], "--out", out, "--x", "compute")
@@ -118,7 +132,11 @@ def test_report_survives_damaged_runs_and_writes_into_the_sweep(tiny_sweeps, tmp
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["{tmp}/nope"], "no such directory"), (["{tmp}", "--frac", "1.5"], "--frac")],
+    [
+        (["{tmp}/nope"], "no such directory"),
+        (["{tmp}", "--frac", "1.5"], "--frac"),
+        (["{tmp}", "--margin", "0"], "--margin"),
+    ],
 )
 def test_report_errors_are_one_line(tmp_path, args, message):
     proc = _report(*[a.format(tmp=tmp_path) for a in args])

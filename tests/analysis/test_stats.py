@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis.stats import Arm, compare, percentile_interval, verdict
+from replay_exp.analysis.stats import Arm, compare, equivalence, percentile_interval, verdict
 from replay_exp.estimators import decode_details, encode_details, pass_at_k, pass_at_k_per_problem
 
 J = 400  # held-out problems
@@ -443,3 +443,20 @@ def test_summary_states_the_sweeps_wall_clock(two_arm_sweep, tmp_path):
         os.utime(d / "summary.json", (1100 + 4 * i, 1100 + 4 * i))
     summary, _ = make_report([two_arm_sweep], out=tmp_path / "r", n_boot=100)
     assert "Wall-clock of these runs, first start to last finish: 2.0 min" in summary.read_text()
+
+
+def test_equivalence_needs_the_whole_interval_inside_the_margin():
+    # Margin 0.02: [-0.015, +0.019] lies inside; [-0.006, +0.023] (not separable from 0, yet
+    # its upper end is past +0.02) does not; the edges count as inside; NaN shows nothing.
+    assert equivalence(-0.015, 0.019, 0.02) == "equivalent"
+    assert equivalence(-0.006, 0.023, 0.02) == "not shown"
+    assert equivalence(-0.02, 0.02, 0.02) == "equivalent"
+    assert equivalence(0.001, 0.004, 0.02) == "equivalent"  # better, and within the margin too
+    assert equivalence(math.nan, 0.01, 0.02) == "not shown"
+    # Through compare(): the textbook paired interval [-0.0691, +0.1291] above is equivalent
+    # within 0.13 but not within 0.1.
+    d = [0.125, -0.075, 0.075, -0.025, 0.05]
+    out = compare(GRID, _seed_means("arm", [0.5 + x for x in d]), _seed_means("b", [0.5] * 5),
+                  n_boot=8000)  # fmt: skip
+    assert equivalence(out["final_lo"], out["final_hi"], 0.13) == "equivalent"
+    assert equivalence(out["final_lo"], out["final_hi"], 0.1) == "not shown"
