@@ -221,8 +221,9 @@ def from_records(
             frame = pd.DataFrame(rows)
             if x == "node":  # in process: a modelled node clock (analysis/node_time.py)
                 frame = with_node_time(frame, cfg)
-            for k, v in reversed(list(row.items())):
-                frame.insert(0, k, [v] * len(frame))
+            # The run's columns first, built at once (column-by-column inserts fragment).
+            const = pd.DataFrame({k: [v] * len(frame) for k, v in row.items()}, index=frame.index)
+            frame = pd.concat([const, frame], axis=1)
             step_frames.append(frame)
     # Order: configurations by their key values (numbers numerically, the on-policy baseline
     # first), then seed; groupby(sort=False) downstream keeps this order in tables and legends.
@@ -340,9 +341,11 @@ def _config_order(runs: pd.DataFrame, keys: list[str]) -> list[str]:
 
 def _sorted(frame: pd.DataFrame, rank: dict[str, int], extra: Sequence[str] = ()) -> pd.DataFrame:
     seed = frame["seed"].fillna(-1) if frame["seed"].notna().any() else 0
-    order = frame.assign(_rank=frame["config"].map(rank), _seed=seed)
-    order = order.sort_values(["_rank", "_seed", "run", *extra], kind="stable")
-    return order.drop(columns=["_rank", "_seed"]).reset_index(drop=True)
+    # Sort a small key frame, not the wide one: every string column is its own pandas block,
+    # and adding columns to a frame of hundreds of blocks raises a PerformanceWarning.
+    keys = frame[["run", *extra]].assign(_rank=frame["config"].map(rank), _seed=seed)
+    order = keys.sort_values(["_rank", "_seed", "run", *extra], kind="stable").index
+    return frame.loc[order].reset_index(drop=True)
 
 
 def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
