@@ -432,7 +432,9 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         lines[-1:-1] = [
             f"Equivalence margin {margin:g} (`--margin`, stated before the data): a final "
             f"difference is **equivalent** when its whole 95 % interval lies inside "
-            f"[-{margin:g}, +{margin:g}]; otherwise not shown.",
+            f"[-{margin:g}, +{margin:g}]; **non-inferior** when it lies above -{margin:g} but "
+            f"reaches past +{margin:g} (maybe better by more than the margin); otherwise not "
+            "shown.",
             "",
         ]
     header = (
@@ -601,7 +603,8 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=None,
         help="equivalence margin of the final difference, in the metric's units (e.g. 0.02 = 2 "
-        "points): equivalent when its whole 95 %% interval lies inside +-margin",
+        "points): equivalent when its whole 95 %% interval lies inside +-margin, non-inferior "
+        "when it lies above -margin but reaches past +margin",
     )
     args = p.parse_args(argv)
     try:

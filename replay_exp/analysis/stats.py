@@ -57,8 +57,10 @@ How (``compare``):
    separable``. A "not separable" with an MDE of 3 points says "no effect larger than about 3
    points", not "no effect".
 6. Equivalence (``equivalence``, with a margin m stated before the data, e.g. the report's
-   ``--margin 0.02``): ``equivalent`` when the whole interval lies inside [-m, m]; a "not
-   separable" verdict alone is not equivalence.
+   ``--margin 0.02``): ``equivalent`` when the whole interval lies inside [-m, m];
+   ``non-inferior`` when it lies above -m but reaches past +m (no worse than the baseline by
+   more than m, possibly better by more); else ``not shown``. A "not separable" verdict alone
+   is not equivalence.
 
 Runs without ``eval_details.jsonl`` (older runs, W&B) fall back to their logged metric: seeds
 are resampled, problems cannot be (``problems_resampled`` = False), so intervals are narrower
@@ -234,12 +236,14 @@ def verdict(lo: float, hi: float) -> str:
 
 
 def equivalence(lo: float, hi: float, margin: float) -> str:
-    """``equivalent`` if the whole interval lies inside [-margin, margin], else ``not shown``:
-    equivalence by interval inclusion. With the 95 % interval it is stricter than the
-    two-one-sided-tests rule (a 90 % interval), so it errs toward "not shown"."""
-    if math.isnan(lo) or math.isnan(hi):
+    """``equivalent`` if the whole interval lies inside [-margin, margin]; ``non-inferior`` if
+    it lies above -margin but reaches past +margin (at least as good within the margin, maybe
+    better beyond it); else ``not shown``. Interval inclusion: with the 95 % interval it is
+    stricter than the two-one-sided-tests rule (a 90 % interval), so it errs toward "not
+    shown"."""
+    if math.isnan(lo) or math.isnan(hi) or lo < -margin:
         return "not shown"
-    return "equivalent" if -margin <= lo and hi <= margin else "not shown"
+    return "equivalent" if hi <= margin else "non-inferior"
 
 
 def _per_seed(vals: np.ndarray, prob_w: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -84,8 +85,9 @@ def test_report_equivalence_margin(tiny_sweeps, tmp_path):
     proc = _report(tiny_sweeps["compute"], "--out", out, "--margin", "0.5", "--n-boot", "200")
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = pd.read_csv(out / "stats.csv")
-    inside = (stats["final_lo"] >= -0.5) & (stats["final_hi"] <= 0.5)
-    expected = inside.map({True: "equivalent", False: "not shown"})
+    above = stats["final_lo"] >= -0.5
+    inside = stats["final_hi"] <= 0.5
+    expected = np.where(above & inside, "equivalent", np.where(above, "non-inferior", "not shown"))
     assert (stats["final_equivalence"] == expected).all()
     summary = (out / "summary.md").read_text()
     assert "Equivalence margin 0.5" in summary and "final within ±0.5 |" in summary

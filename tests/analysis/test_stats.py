@@ -446,17 +446,24 @@ def test_summary_states_the_sweeps_wall_clock(two_arm_sweep, tmp_path):
 
 
 def test_equivalence_needs_the_whole_interval_inside_the_margin():
-    # Margin 0.02: [-0.015, +0.019] lies inside; [-0.006, +0.023] (not separable from 0, yet
-    # its upper end is past +0.02) does not; the edges count as inside; NaN shows nothing.
+    # Margin 0.02: [-0.015, +0.019] lies inside; [-0.006, +0.023] (not separable from 0, its
+    # upper end past +0.02) and [+0.004, +0.021] (better) lie above -0.02 but reach past +0.02:
+    # non-inferior, not equivalent; [-0.023, +0.006] reaches below -0.02: not shown; the edges
+    # count as inside; NaN shows nothing.
     assert equivalence(-0.015, 0.019, 0.02) == "equivalent"
-    assert equivalence(-0.006, 0.023, 0.02) == "not shown"
+    assert equivalence(-0.006, 0.023, 0.02) == "non-inferior"
+    assert equivalence(0.004, 0.021, 0.02) == "non-inferior"
+    assert equivalence(-0.023, 0.006, 0.02) == "not shown"
+    assert equivalence(-0.021, 0.025, 0.02) == "not shown"
     assert equivalence(-0.02, 0.02, 0.02) == "equivalent"
     assert equivalence(0.001, 0.004, 0.02) == "equivalent"  # better, and within the margin too
     assert equivalence(math.nan, 0.01, 0.02) == "not shown"
     # Through compare(): the textbook paired interval [-0.0691, +0.1291] above is equivalent
-    # within 0.13 but not within 0.1.
+    # within 0.13, non-inferior within 0.1 (-0.0691 > -0.1 but +0.1291 > 0.1), and shows
+    # nothing within 0.06 (-0.0691 < -0.06).
     d = [0.125, -0.075, 0.075, -0.025, 0.05]
     out = compare(GRID, _seed_means("arm", [0.5 + x for x in d]), _seed_means("b", [0.5] * 5),
                   n_boot=8000)  # fmt: skip
     assert equivalence(out["final_lo"], out["final_hi"], 0.13) == "equivalent"
-    assert equivalence(out["final_lo"], out["final_hi"], 0.1) == "not shown"
+    assert equivalence(out["final_lo"], out["final_hi"], 0.1) == "non-inferior"
+    assert equivalence(out["final_lo"], out["final_hi"], 0.06) == "not shown"
