@@ -441,7 +441,7 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
         f"| verdict | {x} saving [95 % CI] | verdict | stability [95 % CI] | verdict "
         "| MDE final / peak | per-seed final diffs |"
-        + (f" final within ±{margin:g} |" if margin is not None else "")
+        + (f" final vs margin ±{margin:g} |" if margin is not None else "")
     )
     lines += [header, _rule(header)]
     for _, r in stats.iterrows():

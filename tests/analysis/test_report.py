@@ -90,7 +90,7 @@ def test_report_equivalence_margin(tiny_sweeps, tmp_path):
     expected = np.where(above & inside, "equivalent", np.where(above, "non-inferior", "not shown"))
     assert (stats["final_equivalence"] == expected).all()
     summary = (out / "summary.md").read_text()
-    assert "Equivalence margin 0.5" in summary and "final within ±0.5 |" in summary
+    assert "Equivalence margin 0.5" in summary and "final vs margin ±0.5 |" in summary
     row = next(line for line in summary.splitlines() if line.startswith("| FIFO, y=2 | 2 (yes) "))
     assert row.endswith(f" {stats['final_equivalence'].iloc[0]} |")
 
