@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from replay_exp.buffer import make_buffer
-from replay_exp.config import compose, resolve
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
 from replay_exp.models import load_policy
 from replay_exp.tasks import make_task
 from replay_exp.types import RolloutBatch

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from replay_exp.analysis.stats import per_problem_values, percentile_interval, read_details
-from replay_exp.logging import read_metrics
+from replay_exp.runlog import read_metrics
 
 MAIN_SECONDS, MAIN_LIFT = 300.0, 0.15
 KL_MAX, CLIP_MAX, SE_MAX = 0.02, 0.05, 0.012

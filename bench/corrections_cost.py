@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from replay_exp.config import compose, resolve
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
 from replay_exp.models import load_policy
 from replay_exp.rollout import HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts

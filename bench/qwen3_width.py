@@ -40,7 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from replay_exp.logging import read_metrics
 from replay_exp.models import count_params
 from replay_exp.models.tiny_hub import (
     QWEN3_0_6B,
@@ -49,6 +48,7 @@ from replay_exp.models.tiny_hub import (
     build_qwen3,
     save_hub_model,
 )
+from replay_exp.runlog import read_metrics
 
 GSM8K = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "math" / "gsm8k.jsonl"
 

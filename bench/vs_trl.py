@@ -200,7 +200,8 @@ def run_ours(variant: str, steps: int, threads: int) -> dict[str, Any]:
     import replay_exp.rollout.collect as collect
     import replay_exp.train as train
     import replay_exp.update as update
-    from replay_exp.config import compose, resolve
+    from replay_exp.config.composition import compose
+    from replay_exp.config.derive import resolve
     from replay_exp.rollout.hf import HFGenerator
     from replay_exp.tasks.arithmetic import ArithmeticTask
 
@@ -387,9 +388,10 @@ def run_trl(steps: int, threads: int) -> dict[str, Any]:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from replay_exp.config import compose, resolve
+    from replay_exp.config.composition import compose
+    from replay_exp.config.derive import resolve
+    from replay_exp.config.seeding import derive_seed
     from replay_exp.models import load_policy
-    from replay_exp.seeding import derive_seed
     from replay_exp.tasks import Problem, make_task
 
     t_import = time.perf_counter() - t0

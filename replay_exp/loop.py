@@ -40,11 +40,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from replay_exp.buffer import as_spec, make_buffer
 from replay_exp.buffer.replay import collect_stats, collect_telemetry
 from replay_exp.checkpoint import atomic_write_text
-from replay_exp.compute import Ledger, flop_params, sequence_lengths
-from replay_exp.config import EVAL_UNITS, Derived
-from replay_exp.errors import RunStopped
-from replay_exp.evaluate import encode_details, evaluate
-from replay_exp.logging import (
+from replay_exp.compute.ledger import Ledger, flop_params, sequence_lengths
+from replay_exp.config.derive import Derived
+from replay_exp.config.errors import RunStopped
+from replay_exp.config.schemas import EVAL_UNITS
+from replay_exp.config.seeding import derive_seed
+from replay_exp.eval.evaluate import encode_details, evaluate
+from replay_exp.models import load_policy
+from replay_exp.rollout import HFGenerator
+from replay_exp.rollout.collect import prompt_lengths
+from replay_exp.runlog import (
     MetricsWriter,
     format_eval,
     make_logger,
@@ -52,13 +57,9 @@ from replay_exp.logging import (
     update_metrics,
     write_telemetry,
 )
-from replay_exp.models import load_policy
-from replay_exp.rollout import HFGenerator
-from replay_exp.rollout.collect import prompt_lengths
 from replay_exp.runtime.accounting import account
 from replay_exp.runtime.base import Arrival, Runtime
-from replay_exp.schedule import Every, OnGrid
-from replay_exp.seeding import derive_seed
+from replay_exp.runtime.schedule import Every, OnGrid
 from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
 

@@ -27,8 +27,8 @@ from replay_exp.checkpoint import (
     load_latest,
     metrics_steps,
 )
-from replay_exp.config import Derived
-from replay_exp.errors import ConfigError
+from replay_exp.config.derive import Derived
+from replay_exp.config.errors import ConfigError
 
 # Keys that may differ between a run and its resume: they change neither what is computed nor
 # what is logged (threads and logger.log_every do, so they must match).

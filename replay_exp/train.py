@@ -28,14 +28,10 @@ from replay_exp.checkpoint import (
     atomic_write_text,
     truncate_metrics,
 )
-from replay_exp.config import (
-    ConfigError,
-    Derived,
-    expand_model_shorthand,
-    register_configs,
-    resolve,
-)
-from replay_exp.errors import RunStopped
+from replay_exp.config.composition import expand_model_shorthand
+from replay_exp.config.derive import Derived, resolve
+from replay_exp.config.errors import ConfigError, RunStopped
+from replay_exp.config.schemas import register_configs
 from replay_exp.loop import build_parts, train
 from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
 from replay_exp.runtime.inprocess import LOG_FILES, InProcess

@@ -240,7 +240,7 @@ def speed(rows: list[dict], peak_flops: float | None) -> dict:
 def compare_runs(a: Path, b: Path) -> dict:
     """Differences between two runs' outputs: metrics (wall clock aside), eval details, final
     weights. ``equal`` is bitwise equality of all three."""
-    from replay_exp.testing import WALL_CLOCK_KEYS
+    from replay_exp.rollout.synthetic import WALL_CLOCK_KEYS
 
     ra, rb = read_rows(a), read_rows(b)
     diffs, first = [], None

@@ -112,7 +112,7 @@ def main() -> int:
 
     @check("build")
     def _():
-        from replay_exp.config import compose
+        from replay_exp.config.composition import compose
         from replay_exp.models import build_char_tokenizer, build_tiny_model
         from replay_exp.tasks import make_task
 

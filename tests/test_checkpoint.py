@@ -23,10 +23,12 @@ from replay_exp.checkpoint import (
     SnapshotWarning,
     load_latest,
 )
-from replay_exp.compute import Ledger
-from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.compute.ledger import Ledger
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
 from replay_exp.rollout import HFGenerator
-from replay_exp.testing import random_rollouts
+from replay_exp.rollout.synthetic import random_rollouts
 from replay_exp.types import RolloutBatch
 
 

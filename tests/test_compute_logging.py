@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replay_exp.compute import Ledger, forward_flops
-from replay_exp.logging import MetricsWriter, read_metrics
-from replay_exp.schedule import Every
-from replay_exp.seeding import derive_seed
+from replay_exp.compute.ledger import Ledger, forward_flops
+from replay_exp.config.seeding import derive_seed
+from replay_exp.runlog import MetricsWriter, read_metrics
+from replay_exp.runtime.schedule import Every
 
 
 def test_paper_units_baseline_step_costs_one_and_replay_step_costs_less():
@@ -51,7 +51,7 @@ def test_every_and_derived_seeds():
 
 
 def test_unbiased_pass_at_k():
-    from replay_exp.evaluate import pass_at_k
+    from replay_exp.eval.evaluate import pass_at_k
 
     # n=4 samples, c=1 correct: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5.
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)

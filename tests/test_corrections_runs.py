@@ -10,10 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from replay_exp.config import ConfigError, compose, resolve
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
 from replay_exp.loop import must_wait
-from replay_exp.testing import rollout_batch
+from replay_exp.rollout.synthetic import rollout_batch
+from replay_exp.runlog import read_metrics
 from replay_exp.train import run
 
 # case -> (overrides, a loss stat the case must log). Micro-batching where the whole batch

@@ -36,9 +36,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay_exp.config import compose, resolve
-from replay_exp.logging import read_metrics
-from replay_exp.testing import without_wall_clock
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.rollout.synthetic import without_wall_clock
+from replay_exp.runlog import read_metrics
 from replay_exp.train import run
 
 pytestmark = pytest.mark.slow

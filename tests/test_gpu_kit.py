@@ -48,7 +48,8 @@ def test_check_paths_import_neither_datasets_nor_wandb():
         "import sys\n"
         "import replay_exp.train, replay_exp.models.tiny_hub, replay_exp.models.shared_prefix\n"
         "import replay_exp.rollout.collect, replay_exp.tasks.math_reward\n"
-        "from replay_exp.config import compose, resolve\n"
+        "from replay_exp.config.composition import compose\n"
+        "from replay_exp.config.derive import resolve\n"
         "resolve(compose(['device=cpu']))\n"
         "print(sorted(m for m in ('datasets', 'wandb') if m in sys.modules))\n"
     )

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from replay_exp.sweep import sweep_status
+from replay_exp.config.sweep import sweep_status
 
 pytestmark = pytest.mark.slow
 

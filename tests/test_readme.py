@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from replay_exp.config import CONF_DIR, compose, register_configs, resolve
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.schemas import CONF_DIR, register_configs
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -122,7 +124,7 @@ def _first_job_of_sweep_file(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         params = hydra_compose("train", overrides=overrides, return_hydra_config=True)
     params = params.hydra.sweeper.params or {}
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])

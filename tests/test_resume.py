@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from replay_exp.logging import read_metrics
-from replay_exp.testing import without_wall_clock
+from replay_exp.rollout.synthetic import without_wall_clock
+from replay_exp.runlog import read_metrics
 
 pytestmark = pytest.mark.slow
 

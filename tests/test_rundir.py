@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from replay_exp.config import compose, resolve
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
 from replay_exp.rundir import LOCK_FILE, RunDirBusy, RunLock, lock_holder, process_start
+from replay_exp.runlog import read_metrics
 from replay_exp.train import run
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from replay_exp.logging import read_metrics
+from replay_exp.runlog import read_metrics
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -12,7 +12,8 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
-from replay_exp.config import CONF_DIR, register_configs, resolve
+from replay_exp.config.derive import resolve
+from replay_exp.config.schemas import CONF_DIR, register_configs
 
 SWEEPS = Path(CONF_DIR).parent / "sweeps"
 OPENR1 = Path(__file__).parent / "fixtures" / "math" / "openr1.parquet"
@@ -21,7 +22,7 @@ FILES = sorted(p for p in SWEEPS.glob("*.yaml") if not p.name.startswith("_"))
 
 def _compose(overrides: list[str]):
     register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("train", overrides=overrides, return_hydra_config=True)
 
 

@@ -10,15 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from replay_exp.config import compose, resolve
-from replay_exp.evaluate import decode_details
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.seeding import derive_seed
+from replay_exp.eval.evaluate import decode_details
 from replay_exp.models import load_policy, load_pretrained
 from replay_exp.rollout import HFGenerator, SamplingParams
 from replay_exp.rollout.collect import generate_rollouts
-from replay_exp.seeding import derive_seed
+from replay_exp.rollout.synthetic import without_wall_clock
+from replay_exp.runlog import read_metrics
 from replay_exp.tasks import make_task
-from replay_exp.testing import without_wall_clock
 from replay_exp.train import run
 from replay_exp.update import policy_update
 

@@ -10,10 +10,11 @@ import sys
 import pytest
 import torch
 
-from replay_exp.config import compose, resolve
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
 from replay_exp.models.tiny import load_pretrained
-from replay_exp.testing import without_wall_clock
+from replay_exp.rollout.synthetic import without_wall_clock
+from replay_exp.runlog import read_metrics
 from replay_exp.train import run
 
 

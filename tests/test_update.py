@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replay_exp.config import compose
+from replay_exp.config.composition import compose
 from replay_exp.models import build_char_tokenizer, build_tiny_model
 from replay_exp.models.shared_prefix import supports_prefix_sharing
-from replay_exp.testing import rollout_batch
+from replay_exp.rollout.synthetic import rollout_batch
 from replay_exp.types import RolloutBatch
 from replay_exp.update import policy_logprobs, policy_update, row_chunks
 

@@ -18,8 +18,9 @@ from replay_exp.analysis.wandb_runs import (
     wandb_offline_records,
     wandb_records,
 )
-from replay_exp.config import compose, resolve
-from replay_exp.logging import read_metrics, wandb_run_id
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.runlog import read_metrics, wandb_run_id
 from replay_exp.train import run
 
 pytestmark = pytest.mark.slow

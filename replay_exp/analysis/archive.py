@@ -9,13 +9,13 @@ training steps. Its archived copy keeps
   carries that step's training, buffer and ledger metrics), and the last row (the run's totals);
 - ``eval_details.jsonl`` whole (per-problem results: the problem-level bootstrap), and
   ``config.yaml``, ``summary.json``, ``buffer_telemetry.json`` as they are;
-- ``final_passk.json`` when the run has one (``python -m replay_exp.evaluate_final``);
+- ``final_passk.json`` when the run has one (``python -m replay_exp.eval.final``);
 - ``archive.json``: how many rows the source had and how many were kept, and when the run
   started and finished (the source's ``config.yaml`` and ``summary.json`` file times, which
   the copies do not keep: the report's sweep wall-clock reads them from here).
 
 It is a run directory like any other: ``load_runs``, ``replay-exp-report`` and
-``python -m replay_exp.analysis.selection`` read it and give the same finals, peaks and
+``python -m replay_exp.analysis.studies.selection`` read it and give the same finals, peaks and
 intervals as on the source (tested); training-step series between evaluations are gone.
 
 ``python -m replay_exp.analysis.archive runs/finding1_stage1_tiny --out analysis/runs`` copies
@@ -40,7 +40,7 @@ COPIED = (
     "summary.json",
     "buffer_telemetry.json",
     "eval_details.jsonl",
-    "final_passk.json",  # python -m replay_exp.evaluate_final
+    "final_passk.json",  # python -m replay_exp.eval.final
 )
 
 

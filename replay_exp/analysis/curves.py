@@ -6,7 +6,7 @@ Conventions (the tests pin them):
   rollouts), ``compute`` (the paper's units: one on-policy step = 1), ``flops`` (analytic) and
   ``wall`` (measured seconds of generation + training + evaluation), ``node`` (a GPU node's
   time in units of one GPU training one sample: measured by ``runtime=distributed``, modelled
-  for in-process runs by :mod:`replay_exp.analysis.node_time` when the runs are loaded with
+  for in-process runs by :mod:`replay_exp.analysis.studies.node_time` when the runs are loaded with
   ``x="node"``). All are cumulative columns of metrics.jsonl.
 - **Interpolation** (:func:`interpolate`, also used by the bootstrap in
   :mod:`replay_exp.analysis.stats`): a run's curve is its evaluation points joined by straight

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replay_exp.costmodel import workers_of
+from replay_exp.compute.costmodel import workers_of
 
 BUFFER_NAMES = {
     "fifo": "FIFO",

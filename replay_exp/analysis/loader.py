@@ -33,9 +33,9 @@ import pandas as pd
 import yaml
 
 from replay_exp.analysis.labels import config_label
-from replay_exp.analysis.node_time import COLUMN as NODE_COLUMN
-from replay_exp.analysis.node_time import modelled_node_time
-from replay_exp.logging import flatten, read_metrics
+from replay_exp.analysis.studies.node_time import COLUMN as NODE_COLUMN
+from replay_exp.analysis.studies.node_time import modelled_node_time
+from replay_exp.runlog import flatten, read_metrics
 
 # Config keys that never distinguish configurations: where the run lives and how it is logged,
 # what the machine picked (threads, device), and how often it is evaluated (training does not
@@ -260,7 +260,7 @@ def _one_per_seed(records: Sequence[tuple], names: list[str], configs: list[dict
 
 def with_node_time(frame: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
     """``frame`` with ``runtime/node_time`` modelled where the run did not log one (an
-    in-process run; :func:`replay_exp.analysis.node_time.modelled_node_time`)."""
+    in-process run; :func:`replay_exp.analysis.studies.node_time.modelled_node_time`)."""
     if "step" not in frame:
         return frame
     if NODE_COLUMN in frame and frame[NODE_COLUMN].notna().any():  # measured by the run itself

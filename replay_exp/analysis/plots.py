@@ -219,7 +219,7 @@ def plot_composition(
 ) -> list[Path]:
     """What was trained on minus what was generated, over each evaluation interval, vs x: one
     panel per stat (``stats``: name -> axis label), one line per configuration (seed mean, IQR
-    band over seeds; rows of :func:`replay_exp.analysis.composition.composition_curves`).
+    band over seeds; rows of :func:`replay_exp.analysis.studies.composition.composition_curves`).
     Above 0: the trained samples have more of it than the rollouts generated (e.g. a pass rate
     above 0: hard problems are starved)."""
     fig, axes = plt.subplots(1, len(stats), figsize=(4.6 * len(stats), 4.0), squeeze=False)

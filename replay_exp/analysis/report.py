@@ -30,12 +30,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from replay_exp.analysis.composition import (
-    STATS,
-    composition_curves,
-    composition_final,
-    composition_runs,
-)
 from replay_exp.analysis.curves import X_AXES, aggregate, target_table, x_label
 from replay_exp.analysis.labels import config_label, split_label
 from replay_exp.analysis.loader import Runs, load_runs
@@ -48,6 +42,12 @@ from replay_exp.analysis.plots import (
     plot_telemetry,
 )
 from replay_exp.analysis.stats import INTERVALS, compare_to_baseline, equivalence
+from replay_exp.analysis.studies.composition import (
+    STATS,
+    composition_curves,
+    composition_final,
+    composition_runs,
+)
 
 INTERVAL_NAMES = {
     "t": "seed-level t (Welch df) on the bootstrap SE of seeds and of problems",
@@ -261,7 +261,7 @@ def make_report(
 
     mu = runs.runs.get("compute.mu")
     if mu is not None and mu.notna().any():
-        from replay_exp.theory_cli import plot_theory
+        from replay_exp.theory.cli import plot_theory
 
         written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
 
@@ -503,7 +503,8 @@ def _passk_markdown(passk: pd.DataFrame, x: str) -> list[str]:
 def _composition(runs: Runs, x: str, base: str | None, out: Path) -> tuple[list[Path], list[str]]:
     """The trained-vs-generated figure (``composition_<x>``), the final cumulative table
     (``composition_final.csv``) and the summary's lines about them
-    (:mod:`replay_exp.analysis.composition`). Runs without the ``data/*`` keys are left out of
+    (:mod:`replay_exp.analysis.studies.composition`). Runs without the ``data/*`` keys are left
+    out of
     these only, with a one-line note; none with them: no figure, the note alone."""
     with_keys, without = composition_runs(runs.steps)
     if not with_keys:

@@ -48,7 +48,7 @@ How (``compare``):
      An arm with one seed gets (-inf, inf): its spread cannot be estimated.
    - ``percentile``: the 2.5th and 97.5th percentiles of the joint replicates (order
      statistics). It under-covers with few seeds: on synthetic curves with our seed spread,
-     ``replay_exp.analysis.coverage`` measures both (docs/analysis.md).
+     ``replay_exp.analysis.studies.coverage`` measures both (docs/analysis.md).
 
    Under ``t`` each statistic also gets its **minimal detectable effect**, the true difference
    a two-sided test at 5 % would detect with 80 % power at these seeds:
@@ -83,13 +83,14 @@ from replay_exp.analysis.curves import (
     x_column,
 )
 from replay_exp.analysis.tdist import t_quantile
-from replay_exp.estimators import decode_details, pass_at_k_per_problem
-from replay_exp.logging import read_metrics
+from replay_exp.eval.estimators import decode_details, pass_at_k_per_problem
+from replay_exp.runlog import read_metrics
 
 STATS = ("final", "peak", "saving", "stability")
 END_TOL = 1e-3  # relative: how far short of a grid point a run's last evaluation may be
 VERDICTS = ("better", "worse", "not separable")
-# Interval methods of compare(): "t" (the default, chosen by replay_exp.analysis.coverage) and
+# Interval methods of compare(): "t" (the default, chosen by
+# replay_exp.analysis.studies.coverage) and
 # the percentile bootstrap it replaced (kept to re-read old reports).
 INTERVALS = ("t", "percentile")
 
@@ -123,7 +124,7 @@ def per_problem_values(row: dict, metric: str) -> np.ndarray | None:
 
 def read_details(run_dir: str | Path) -> list[dict]:
     """The rows of a run's ``eval_details.jsonl`` ([] if it has none), read like
-    metrics.jsonl (``replay_exp.logging.read_metrics``: a truncated line is skipped with a
+    metrics.jsonl (``replay_exp.runlog.read_metrics``: a truncated line is skipped with a
     warning)."""
     path = Path(run_dir) / "eval_details.jsonl"
     return read_metrics(path) if path.is_file() else []

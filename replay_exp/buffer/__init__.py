@@ -29,7 +29,7 @@ from replay_exp.buffer.replay import PolicyBuffer
 from replay_exp.buffer.sampling import SAMPLERS, Sampler
 from replay_exp.buffer.sharded import ShardedBuffer
 from replay_exp.buffer.store import RolloutStore
-from replay_exp.schemas import BufferConfig, build_node
+from replay_exp.config.schemas import BufferConfig, build_node
 
 BUFFERS: dict[str, type[Eviction]] = {
     "on_policy": OnPolicy,  # the paper's baseline: each rollout used once, newest first

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from replay_exp.config import compose
+from replay_exp.config.composition import compose
 from replay_exp.models.tiny import build_tiny_model
 from replay_exp.models.tokenizer import build_char_tokenizer
 from replay_exp.models.warm_start import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replay_exp import costmodel
 from replay_exp.buffer.replay import COUNTERS, BufferView
-from replay_exp.compute import Ledger
+from replay_exp.compute import costmodel
+from replay_exp.compute.ledger import Ledger
 
 # Ledger fields that add up over trainer ranks (the rest: steps and the fixed sizes).
 ADDITIVE = ("rollouts", "samples_trained", "gen_tokens", "train_tokens", "sample_units",

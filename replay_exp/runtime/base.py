@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from replay_exp.compute import Ledger
+from replay_exp.compute.ledger import Ledger
 from replay_exp.types import RolloutBatch
 
 

@@ -9,7 +9,7 @@ calls. One per inference worker (W of them).
         prompts = the next groups_per_batch problems of this generator's own stream
         rollouts = generate G samples each, rewards, advantages frozen, behaviour log-probs
         runtime.generation_cost=modelled: wait until the call has lasted what a GPU node
-            would spend on it (replay_exp/runtime/gencost.py)
+            would spend on it (replay_exp/compute/gencost.py)
         send each prompt group to its trainer's buffer shard (global group id mod T)
 
 Batch ``j`` of generator ``w`` (w = 0..W-1) holds the global prompt groups
@@ -30,11 +30,12 @@ import numpy as np
 import torch
 
 from replay_exp.checkpoint import read_snapshot
-from replay_exp.lengthmodel import quantile_level
+from replay_exp.compute import gencost
+from replay_exp.compute.lengthmodel import quantile_level
+from replay_exp.config.seeding import derive_seed
 from replay_exp.models import load_policy
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, prompt_lengths, with_trainer_logp
-from replay_exp.runtime import gencost
 from replay_exp.runtime.channels import (
     STOP,
     Heartbeat,
@@ -44,7 +45,6 @@ from replay_exp.runtime.channels import (
     unflatten_into,
     weight_keys,
 )
-from replay_exp.seeding import derive_seed
 from replay_exp.tasks import make_task
 from replay_exp.types import RolloutBatch
 

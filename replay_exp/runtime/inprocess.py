@@ -3,7 +3,7 @@
 Under ``schedule=sync`` each step generates R rollouts (R/G prompts x G samples) from the
 generator's weights, which follow the trainer every ``schedule.sync_every`` steps,
 ``schedule.sync_lag`` versions late; under ``schedule=async`` the emulated node's arrivals
-(``replay_exp.schedule.AsyncArrivals``: W workers, T trainers, cost ratio mu; fractional
+(``replay_exp.runtime.schedule.AsyncArrivals``: W workers, T trainers, cost ratio mu; fractional
 arrivals accumulate deterministically, so reuse emerges as in the paper's cluster). One process
 shares nothing: the node's ledger is this one, and a snapshot holds every component by name.
 """
@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from replay_exp.checkpoint import Checkpointer, GeneratorState, RNGState, Snapshot
+from replay_exp.config.seeding import derive_seed
 from replay_exp.rollout import SamplingParams, engine_model_dir, make_generator
 from replay_exp.rollout.collect import generate_rollouts, with_trainer_logp
 from replay_exp.runtime.accounting import buffer_views, runtime_metrics
 from replay_exp.runtime.base import Arrival
-from replay_exp.schedule import Every, WeightHistory, make_arrivals
-from replay_exp.seeding import derive_seed
+from replay_exp.runtime.schedule import Every, WeightHistory, make_arrivals
 
 # Files a snapshot covers (fsynced before it is committed).
 LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")

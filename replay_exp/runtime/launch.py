@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from replay_exp.errors import RunStopped
+from replay_exp.config.errors import RunStopped
 
 log = logging.getLogger("replay_exp")
 

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from replay_exp.checkpoint import Checkpointer, read_snapshot
-from replay_exp.compute import Ledger
-from replay_exp.runtime import gencost
+from replay_exp.compute import gencost
+from replay_exp.compute.ledger import Ledger
 from replay_exp.runtime.accounting import buffer_views, merged_ledger, runtime_metrics
 from replay_exp.runtime.base import Arrival
 from replay_exp.runtime.channels import (
@@ -49,7 +49,7 @@ from replay_exp.runtime.channels import (
     weight_keys,
 )
 from replay_exp.runtime.generator import PAUSE_KEY, batch_from_dict, report_key
-from replay_exp.schedule import Every
+from replay_exp.runtime.schedule import Every
 
 log = logging.getLogger("replay_exp")
 

@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from replay_exp.errors import ConfigError
+from replay_exp.config.errors import ConfigError
 from replay_exp.tasks.base import Problem, Task
 
 _OPS = {"+": np.add, "-": np.subtract, "*": np.multiply}

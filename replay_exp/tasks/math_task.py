@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from replay_exp.errors import ConfigError
+from replay_exp.config.errors import ConfigError
 from replay_exp.tasks.base import Problem, Task
 
 # The dataset formats of math_data (imported lazily: datasets + math-verify take ~1.3 s).

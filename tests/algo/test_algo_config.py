@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from replay_exp.algo import asymre_loss, grpo_loss
-from replay_exp.config import ConfigError, compose, resolve
-from replay_exp.testing import rollout_batch
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
+from replay_exp.rollout.synthetic import rollout_batch
 from replay_exp.types import RolloutBatch
 from replay_exp.update import policy_logprobs, policy_update
 

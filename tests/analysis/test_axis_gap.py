@@ -1,4 +1,5 @@
-"""Saving on one axis minus saving on another, per paired seed (replay_exp/analysis/axis_gap.py),
+"""Saving on one axis minus saving on another, per paired seed
+(replay_exp/analysis/studies/axis_gap.py),
 on hand-made runs with hand-derived numbers."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ import math
 
 import pytest
 
-from replay_exp.analysis.axis_gap import per_seed_savings, summarise
 from replay_exp.analysis.loader import from_records
+from replay_exp.analysis.studies.axis_gap import per_seed_savings, summarise
 
 
 def _run(name, buffer, seed, passes, node):

@@ -1,5 +1,5 @@
-"""The study budget (replay_exp.analysis.budget) and the stage-1 selection
-(replay_exp.analysis.selection) on hand-made run directories whose answers are known."""
+"""The study budget (replay_exp.analysis.studies.budget) and the stage-1 selection
+(replay_exp.analysis.studies.selection) on hand-made run directories whose answers are known."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis.budget import budget_table, study_budget
-from replay_exp.analysis.selection import best_per_arm, brackets, scores
-from replay_exp.estimators import encode_details
+from replay_exp.analysis.studies.budget import budget_table, study_budget
+from replay_exp.analysis.studies.selection import best_per_arm, brackets, scores
+from replay_exp.eval.estimators import encode_details
 
 J = 300  # held-out problems
 
@@ -130,7 +130,8 @@ def test_selection_picks_each_arms_best_and_flags_unbracketed_lrs(stage1, tmp_pa
     assert rows[("fifo y=2", 2048)]["widen_to"] == "8e-05"
     out = tmp_path / "sel"
     proc = subprocess.run(
-        [sys.executable, "-m", "replay_exp.analysis.selection", str(stage1), "--seeds", "0", "1",
+        [sys.executable, "-m", "replay_exp.analysis.studies.selection", str(stage1),
+         "--seeds", "0", "1",
          "--out", str(out)], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -160,8 +161,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, module):
     out = tmp_path / "out"
     extra = ["--seeds", "0"] if module == "selection" else []
     proc = subprocess.run(
-        [sys.executable, "-m", f"replay_exp.analysis.{module}", str(tmp_path / "nope"), *extra,
-         "--out", str(out)], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", f"replay_exp.analysis.studies.{module}", str(tmp_path / "nope"),
+         *extra, "--out", str(out)], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith(f"{module} error: ")
     assert len(proc.stderr.splitlines()) == 1 and not out.exists()

@@ -1,4 +1,4 @@
-"""The coverage simulation (replay_exp.analysis.coverage): its ground truth by hand and by
+"""The coverage simulation (replay_exp.analysis.studies.coverage): its ground truth by hand and by
 Monte Carlo, and the property that chose the report's interval: at 5 seeds and a seed spread
 like our studies', the t-interval covers >= 93 % while the percentile bootstrap does not."""
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from replay_exp.analysis.coverage import (
+from replay_exp.analysis.studies.coverage import (
     SPREADS,
     Spec,
     coverage,

@@ -1,4 +1,5 @@
-"""The node clock of in-process runs (replay_exp/analysis/node_time.py): closed forms without
+"""The node clock of in-process runs (replay_exp/analysis/studies/node_time.py): closed forms
+without
 stalls, the stall factor against its expectation, and the loader filling the column for
 ``x="node"`` on real tiny sweeps."""
 
@@ -9,8 +10,8 @@ import pandas as pd
 import pytest
 
 from replay_exp.analysis.loader import load_runs, with_node_time
-from replay_exp.analysis.node_time import COLUMN, modelled_node_time, sync_step_times
-from replay_exp.lengthmodel import expected_max
+from replay_exp.analysis.studies.node_time import COLUMN, modelled_node_time, sync_step_times
+from replay_exp.compute.lengthmodel import expected_max
 
 
 def _sync(**kw) -> dict:

@@ -1,4 +1,4 @@
-"""pass@k of the final policies against the baseline (replay_exp/analysis/passk.py), on
+"""pass@k of the final policies against the baseline (replay_exp/analysis/studies/passk.py), on
 hand-written run directories with hand-derived values."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis.passk import main
-from replay_exp.estimators import encode_details
+from replay_exp.analysis.studies.passk import main
+from replay_exp.eval.estimators import encode_details
 
 SETTINGS = {"n_samples": 4, "pass_k": [1, 2], "sampled_problems": None,
             "sample_temperature": 1.0, "sample_top_p": 1.0}  # fmt: skip

@@ -15,7 +15,12 @@ import pytest
 import yaml
 
 from replay_exp.analysis.stats import Arm, compare, equivalence, percentile_interval, verdict
-from replay_exp.estimators import decode_details, encode_details, pass_at_k, pass_at_k_per_problem
+from replay_exp.eval.estimators import (
+    decode_details,
+    encode_details,
+    pass_at_k,
+    pass_at_k_per_problem,
+)
 
 J = 400  # held-out problems
 GRID = np.array([0.0, 5.0, 10.0])

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis.theory_check import check, main, nearest, optimum
-from replay_exp.estimators import encode_details
-from replay_exp.theory import closed_form_optimum
+from replay_exp.analysis.studies.theory_check import check, main, nearest, optimum
+from replay_exp.eval.estimators import encode_details
+from replay_exp.theory.bound import closed_form_optimum
 
 
 def test_optimum_for_every_sign_of_alpha():

@@ -1,4 +1,4 @@
-"""The variance models against measured accuracies (replay_exp/analysis/variance_models.py),
+"""The variance models against measured accuracies (replay_exp/analysis/studies/variance_models.py),
 on hand-written runs with hand-derived predictions, signs and rank correlations."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis.variance_models import main, spearman
+from replay_exp.analysis.studies.variance_models import main, spearman
 
 # rho constant 0.5 at every distance; mu = 2.
 NOISE = {"deltas": [1, 2], "pooled": {"rho": [0.5, 0.5]}, "command": "by hand"}

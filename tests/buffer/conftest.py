@@ -1,11 +1,11 @@
-"""Synthetic rollouts for the buffer tests (``replay_exp.testing``) and buffer helpers."""
+"""Synthetic rollouts for the buffer tests (``replay_exp.rollout.synthetic``) and buffer helpers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from replay_exp.testing import random_rollouts, rollout_batch
+from replay_exp.rollout.synthetic import random_rollouts, rollout_batch
 from replay_exp.types import RolloutBatch
 
 PAD_ID = 7  # a non-zero pad id, so a test can see whether padded columns are preserved
@@ -13,7 +13,7 @@ PAD_ID = 7  # a non-zero pad id, so a test can see whether padded columns are pr
 
 def _rollouts(R: int, step: int, uid_start: int, **kw) -> RolloutBatch:
     """R rollouts generated at ``step`` with uids uid_start..uid_start+R-1
-    (``replay_exp.testing.random_rollouts``, padded with PAD_ID)."""
+    (``replay_exp.rollout.synthetic.random_rollouts``, padded with PAD_ID)."""
     return random_rollouts(R, step, uid_start, pad_id=PAD_ID, **kw)
 
 

@@ -9,13 +9,15 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from replay_exp import config as C
 from replay_exp.buffer import BUFFERS, PolicyBuffer, ShardedBuffer, make_buffer
-from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.config import schemas
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
 
 # Options only: _base.yaml holds the keys every option shares.
 BUFFER_YAMLS = sorted(
-    p.stem for p in (Path(C.CONF_DIR) / "buffer").glob("*.yaml") if not p.name.startswith("_")
+    p.stem for p in (Path(schemas.CONF_DIR) / "buffer").glob("*.yaml") if not p.name.startswith("_")
 )
 
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay_exp.buffer import BUFFERS, PRIORITIES, SAMPLERS, EmptyBufferError, make_buffer
-from replay_exp.testing import rollout_batch
+from replay_exp.rollout.synthetic import rollout_batch
 from replay_exp.types import RolloutBatch
 
 COMBOS = [

@@ -24,7 +24,7 @@ from replay_exp.buffer.max_age import MaxAge
 from replay_exp.buffer.on_policy import OnPolicy
 from replay_exp.buffer.positive_bias import PositiveBias
 from replay_exp.buffer.priority import Priority
-from replay_exp.schemas import build_node
+from replay_exp.config.schemas import build_node
 from replay_exp.types import RolloutBatch
 
 # every valid (eviction, sampling) pair with the extra keys it needs

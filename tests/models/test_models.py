@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replay_exp.config import compose
+from replay_exp.config.composition import compose
 from replay_exp.models import (
     build_char_tokenizer,
     build_tiny_model,

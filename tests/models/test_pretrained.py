@@ -12,7 +12,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from replay_exp.config import CONF_DIR, ConfigError, compose, expand_model_shorthand
+from replay_exp.config.composition import compose, expand_model_shorthand
+from replay_exp.config.errors import ConfigError
+from replay_exp.config.schemas import CONF_DIR
 from replay_exp.models import load_policy
 from replay_exp.models.tiny import ModelLoadError, load_pretrained
 from replay_exp.models.tiny_hub import save_tiny_hub_model
@@ -124,7 +126,7 @@ def test_an_untied_head_learns_apart_from_the_embedding(tiny_hub_dir):
 
 
 def test_chat_template_is_checked_at_resolve_for_local_dirs(tiny_hub_dir, tmp_path):
-    from replay_exp.config import resolve
+    from replay_exp.config.derive import resolve
 
     cfg, _ = resolve(compose([f"model={tiny_hub_dir}", "model.chat_template=true"]))
     assert cfg.model.chat_template

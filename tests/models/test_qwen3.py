@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay_exp.config import compose, resolve
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
 from replay_exp.models import count_params, load_policy
 from replay_exp.models.tiny import ARCHS, load_pretrained
 from replay_exp.models.tiny_hub import QWEN3_0_6B, TINY_QWEN3, main
+from replay_exp.runlog import read_metrics
 from replay_exp.tasks import make_task
 from replay_exp.train import run
 

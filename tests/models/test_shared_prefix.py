@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replay_exp.config import compose
+from replay_exp.config.composition import compose
 from replay_exp.models import build_char_tokenizer, build_tiny_model
 from replay_exp.models.shared_prefix import completion_logits, positions, unique_prompts
 from replay_exp.models.tiny import load_pretrained

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay_exp.config import compose, resolve
-from replay_exp.evaluate import evaluate
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.eval.evaluate import evaluate
 from replay_exp.models import build_char_tokenizer, load_policy
 from replay_exp.models.warm_start import (
     SHIPPED_DIR,

@@ -304,7 +304,7 @@ def real(tmp_path_factory):
 
 
 def _batch(real, gen_out):
-    from replay_exp.testing import rollout_batch
+    from replay_exp.rollout.synthetic import rollout_batch
 
     return rollout_batch(
         real.ids, gen_out.completion_ids_BxC, prompt_mask_BxP=real.mask,
@@ -386,7 +386,7 @@ def test_top_p_logprobs_include_the_truncation(real):
 
 @pytest.mark.vllm
 def test_weight_sync_in_place(real):
-    from replay_exp.config import compose
+    from replay_exp.config.composition import compose
     from replay_exp.update import policy_update
 
     gen, policy = real.gen, real.policy

