@@ -1,7 +1,9 @@
-"""The package's modules import each other without a cycle, counting imports inside functions
-too (a function-level import can hide a cycle that only bites at call time), the leaf
-modules import nothing of the package, and reading a sweep (``replay_exp.analysis``) never
-loads torch, transformers or the generation stack."""
+"""The package's layers (docs/layout.md draws them): each module belongs to one layer and imports
+nothing from a layer above its own. The modules import each other without a cycle, counting
+imports inside functions too (a function-level import can hide a cycle that only bites at call
+time), the leaf modules import nothing of the package, the top level holds only the entry, loop
+and run files, no function is over 80 lines where a newcomer reads first, and reading a sweep
+(``replay_exp.analysis``) never loads torch, transformers or the generation stack."""
 
 from __future__ import annotations
 
@@ -17,6 +19,29 @@ LEAVES = (
     "replay_exp.compute.costmodel",
     "replay_exp.eval.estimators",
 )
+# The layers, lowest first: a module imports only from its own layer or those below. A module
+# belongs to the layer of its longest matching prefix; a package's (empty) __init__ belongs to
+# the leaves. docs/layout.md draws the same table.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("replay_exp", "replay_exp.config", "replay_exp.config.errors",
+                "replay_exp.config.schemas", "replay_exp.config.seeding",
+                "replay_exp.compute.costmodel", "replay_exp.eval.estimators", "replay_exp.types")),
+    ("parts", ("replay_exp.algo", "replay_exp.buffer", "replay_exp.tasks", "replay_exp.models",
+               "replay_exp.rollout", "replay_exp.compute", "replay_exp.eval", "replay_exp.theory",
+               "replay_exp.runlog", "replay_exp.checkpoint")),
+    ("config", ("replay_exp.config.checks", "replay_exp.config.derive", "replay_exp.config.probe",
+                "replay_exp.config.composition", "replay_exp.config.naming")),
+    ("run", ("replay_exp.update", "replay_exp.rundir", "replay_exp.runtime", "replay_exp.loop",
+             "replay_exp.train")),
+    ("tools", ("replay_exp.analysis", "replay_exp.eval.final", "replay_exp.theory.measure",
+               "replay_exp.theory.cli", "replay_exp.models.ship_warm_start",
+               "replay_exp.config.sweep")),
+]  # fmt: skip
+# The only modules at the package's top level: the entry, the loop and the run's files.
+TOP_LEVEL = {"__init__", "train", "loop", "update", "rundir", "checkpoint", "runlog", "types"}
+# Where no function may be longer than this many lines (the issue-42 rule: readable in one go).
+SHORT_FUNCTIONS = ("config", "update.py", "runtime/generator.py")
+MAX_FUNCTION_LINES = 80
 # What the analysis must not pull in, directly or through the package.
 HEAVY = (
     "torch",
@@ -105,6 +130,52 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
+
+def layer_of(mod: str) -> int | None:
+    """Index in LAYERS of the longest prefix of ``mod`` (None: in no layer)."""
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (mod == p or mod.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return best[0] if best else None
+
+
+def test_every_module_imports_only_its_layer_or_below():
+    graph = import_graph()
+    unlayered = sorted(m for m in graph if layer_of(m) is None)
+    assert not unlayered, unlayered
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) -> {d} ({LAYERS[layer_of(d)][0]})"
+        for m, deps in sorted(graph.items())
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(m)
+    ]
+    assert not upward, upward
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("replay_exp.buffer.fifo") < layer_of("replay_exp.loop")
+    assert layer_of("replay_exp.eval.final") > layer_of("replay_exp.eval.evaluate")
+
+
+def test_top_level_holds_only_the_entry_loop_and_run_files():
+    names = {p.stem for p in PACKAGE.glob("*.py")}
+    assert names <= TOP_LEVEL, sorted(names - TOP_LEVEL)
+
+
+def test_no_long_function_where_a_newcomer_reads_first():
+    long = []
+    for where in SHORT_FUNCTIONS:
+        target = PACKAGE / where
+        for path in sorted(target.rglob("*.py") if target.is_dir() else [target]):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({n} lines)")
+    assert not long, long
 
 
 def test_no_import_cycle():

@@ -13,8 +13,8 @@ interpolated, constant beyond its last delta; sigma flat, the measured alpha bei
   FIFO + uniform sampling with rho at every pair of uses' own distance;
 - **paper**: the paper's bound J(x, y) = (1 + y / mu)(1 / y + 1 / x + rho) over its J(1, 1)
   at rho(1), with rho read at the configuration's mean reuse gap
-  (``theory_exact.mean_reuse_gap``) and at delta = 1 (what ``recommend()`` was fed):
-  ``theory_exact.relative_j``, the numbers of ``python -m replay_exp.theory.exact``.
+  (``theory.exact.mean_reuse_gap``) and at delta = 1 (what ``recommend()`` was fed):
+  ``theory.exact.relative_j``, the numbers of ``python -m replay_exp.theory.exact``.
 
 Below 1: replay predicted to beat the baseline. Against them, the measured difference of final
 pass@1 to the baseline at the last shared compute (``stats.compare``: t-interval over paired
