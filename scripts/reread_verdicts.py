@@ -33,15 +33,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
 
 from replay_exp.analysis.stats import STATS, t_interval, verdict
-from replay_exp.analysis.tdist import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1] / "analysis" / "results"
 
 
 def seed_factor(S: int) -> float:
-    return math.sqrt(S / (S - 1)) * t_quantile(0.975, S - 1) / 1.959964
+    return math.sqrt(S / (S - 1)) * float(student_t.ppf(0.975, S - 1)) / 1.959964
 
 
 def reread_row(r: pd.Series) -> dict:

@@ -75,6 +75,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as student_t
 
 from replay_exp.analysis.curves import (
     compute_to_target_columns,
@@ -82,7 +83,6 @@ from replay_exp.analysis.curves import (
     interpolate,
     x_column,
 )
-from replay_exp.analysis.tdist import t_quantile
 from replay_exp.eval.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.runlog import read_metrics
 
@@ -298,10 +298,10 @@ def t_interval(
         return {"se": 0.0, "df": math.inf, "lo": point, "hi": point, "mde": 0.0}
     denom = sum(v * v / d for v, d in components if v > 0)
     df = var * var / denom if denom > 0 else math.inf
-    t = t_quantile((1 + level) / 2, df)
+    t = float(student_t.ppf((1 + level) / 2, df))
     return {
         "se": se, "df": df, "lo": point - t * se, "hi": point + t * se,
-        "mde": (t + t_quantile(power, df)) * se,
+        "mde": (t + float(student_t.ppf(power, df))) * se,
     }  # fmt: skip
 
 
