@@ -1,23 +1,20 @@
 """logger=wandb: a 2-step run writes an offline W&B run holding the same metrics as
-metrics.jsonl, the config as dotted keys and the buffer histograms; a failing W&B never stops
-training."""
+metrics.jsonl, the config as dotted keys and the buffer histograms (read back through W&B's own
+reader, ``wandb leet inspect --json``); the analysis reads such a run from its metrics.jsonl and
+a W&B project through the public API; a failing W&B never stops training."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from replay_exp.analysis import from_records, load_runs
-from replay_exp.analysis.wandb_runs import (
-    log_records,
-    read_offline_run,
-    wandb_offline_records,
-    wandb_records,
-)
+from replay_exp.analysis.wandb_runs import wandb_records
 from replay_exp.config.composition import compose
 from replay_exp.config.derive import resolve
 from replay_exp.runlog import read_metrics, wandb_run_id
@@ -43,18 +40,38 @@ def _run(fast, run_dir, *extra):
     return run(cfg, d, run_dir)
 
 
-def _read_offline_run(run_dir: Path):
-    """The offline run, once its transaction log is complete: wandb-core writes the log in its
-    own process, and ``run.finish()`` may return before the last records reach the file (seen
-    once under load: no history yet). Its last record is then "exit"."""
-    (wandb_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+def _inspect(offline_dir: Path) -> list[dict]:
+    """The records of an offline run's transaction log through W&B's own reader, ``wandb leet
+    inspect --json`` (one JSON record a line), once the log is complete: wandb-core writes it
+    in its own process, and ``run.finish()`` may return before the last records reach the file
+    (seen once under load: no history yet). Its last record is then "exit"."""
+    cmd = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(offline_dir)]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        kinds = [r.WhichOneof("record_type") for r in log_records(wandb_file)]
-        if kinds and kinds[-1] == "exit":
-            break
-        time.sleep(0.1)
-    return read_offline_run(wandb_file)
+    while True:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        if (records and records[-1]["type"] == "exit") or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _read_offline_run(offline_dir: Path) -> tuple[dict[int, dict], dict, dict]:
+    """(history rows by step, config, summary) of an offline W&B run. The reader flattens a
+    nested value with dots: a histogram ``h`` is ``h.bins`` and ``h.values``."""
+    history: dict[int, dict] = {}
+    config: dict = {}
+    summary: dict = {}
+    for r in _inspect(offline_dir):
+        if r["type"] in ("run", "config"):
+            node = r["run"]["config"] if r["type"] == "run" else r["config"]
+            config.update(node.get("update", {}))
+        elif r["type"] == "history":
+            item = r["history"]["item"]
+            history.setdefault(item["_step"], {}).update(item)
+        elif r["type"] == "summary":
+            summary.update(r["summary"].get("update", {}))
+    return history, config, summary
 
 
 def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
@@ -66,7 +83,7 @@ def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
 
     rows = read_metrics(run_dir / "metrics.jsonl")  # still written, the source of truth
     assert [r["step"] for r in rows] == [0, 1, 2]
-    history, config, wb_summary = _read_offline_run(run_dir)
+    history, config, wb_summary = _read_offline_run(offline_dir)
     assert sorted(history) == [0, 1, 2]
     for row in rows:
         for key in ("eval/pass@1", "train/reward", "loss/loss", "compute/paper_units"):
@@ -74,8 +91,8 @@ def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
                 assert history[row["step"]][key] == pytest.approx(row[key]), (row["step"], key)
     assert history[2]["eval/pass@1"] == pytest.approx(rows[2]["eval/pass@1"])
     # Buffer telemetry as W&B histograms (65 bins: 0..63 + overflow) at the step-2 eval.
-    hist = history[2]["buffer_telemetry/age/values"]
-    assert len(hist) == 65 and len(history[2]["buffer_telemetry/age/bins"]) == 66
+    hist = history[2]["buffer_telemetry/age.values"]
+    assert len(hist) == 65 and len(history[2]["buffer_telemetry/age.bins"]) == 66
     telemetry = json.loads((run_dir / "buffer_telemetry.json").read_text())
     assert hist == telemetry["age"]
     # Config as flat dotted keys, derived sizes included.
@@ -83,14 +100,12 @@ def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
     assert config["derived.capacity"] == 32 and config["derived.total_steps"] == 2
     assert wb_summary["status"] == "finished"
 
-    # The analysis loader reads the offline W&B run into the same table as metrics.jsonl.
-    local = load_runs(run_dir).steps
-    (record,) = wandb_offline_records(tmp_path)
-    assert record[0] == "run" and record[4] == "finished"
-    from_wandb = from_records([record]).steps
-    cols = ["step", "eval/pass@1", "train/reward", "loss/loss", "compute/paper_units"]
-    pd.testing.assert_frame_equal(local[cols], from_wandb[cols], check_dtype=False)  # 0.0 -> 0
-    assert from_wandb["buffer.capacity"].tolist() == [32, 32, 32]
+    # The analysis reads the run from its metrics.jsonl: one run (the wandb/ folder inside is
+    # not a run of its own), with its config.
+    runs = load_runs(tmp_path)
+    assert runs.runs["run"].tolist() == ["run"]
+    assert runs.steps["step"].tolist() == [0, 1, 2]
+    assert runs.steps["buffer.capacity"].tolist() == [32, 32, 32]
 
 
 class _FakeApiRun:
