@@ -6,12 +6,15 @@ telemetry)`` at each evaluation, ``close(summary)``. ``logger=jsonl`` writes met
 
 Each row is written with one ``os.write`` on a file opened with O_APPEND, so a run killed
 mid-write leaves at most one truncated last line; :func:`read_metrics` skips such a line with a
-warning instead of failing.
+warning instead of failing. It also reads an archived run's gzip-compressed copy
+(``metrics.jsonl.gz``, ``eval_details.jsonl.gz``: :mod:`replay_exp.analysis.archive`) where the
+plain file is absent (:func:`jsonl_file`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
@@ -45,11 +48,24 @@ class MetricsWriter:
             self._fd = -1
 
 
+def jsonl_file(path: str | Path) -> Path | None:
+    """The file holding the rows of ``path`` (a run's ``metrics.jsonl`` or
+    ``eval_details.jsonl``): ``path`` itself, else its gzip-compressed copy ``<path>.gz`` (how
+    archived runs keep them), else None."""
+    path = Path(path)
+    gz = path.with_name(path.name + ".gz")
+    return path if path.is_file() else gz if gz.is_file() else None
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete rows of a metrics.jsonl; a truncated or corrupt line is skipped with a
-    warning."""
+    """All complete rows of a metrics.jsonl (or of its ``.gz`` copy: :func:`jsonl_file`); a
+    truncated or corrupt line is skipped with a warning."""
+    found = jsonl_file(path)
+    if found is None:
+        raise FileNotFoundError(f"no such file: {path} (nor {path}.gz)")
+    path = found
     rows = []
-    with open(path) as f:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -6,17 +6,23 @@ training steps. Its archived copy keeps
 
 - every ``metrics.jsonl`` row that carries an evaluation (``eval/...`` keys: the curves, finals,
   peaks, stability and compute to target of the report all come from these rows; each one also
-  carries that step's training, buffer and ledger metrics), and the last row (the run's totals);
-- ``eval_details.jsonl`` whole (per-problem results: the problem-level bootstrap), and
-  ``config.yaml``, ``summary.json``, ``buffer_telemetry.json`` as they are;
+  carries that step's training, buffer and ledger metrics), and the last row (the run's totals),
+  gzip-compressed as ``metrics.jsonl.gz``;
+- ``eval_details.jsonl`` whole (per-problem results: the problem-level bootstrap), compressed as
+  ``eval_details.jsonl.gz``, and ``config.yaml``, ``summary.json``, ``buffer_telemetry.json`` as
+  they are;
 - ``final_passk.json`` when the run has one (``python -m replay_exp.eval.final``);
 - ``archive.json``: how many rows the source had and how many were kept, and when the run
   started and finished (the source's ``config.yaml`` and ``summary.json`` file times, which
   the copies do not keep: the report's sweep wall-clock reads them from here).
 
 It is a run directory like any other: ``load_runs``, ``replay-exp-report`` and
-``python -m replay_exp.analysis.studies.selection`` read it and give the same finals, peaks and
+``python -m replay_exp.analysis.studies.selection`` read it (``replay_exp.runlog.read_metrics``
+reads a ``.gz`` copy where the plain file is absent) and give the same finals, peaks and
 intervals as on the source (tested); training-step series between evaluations are gone.
+Compressed, a 3000-unit run's copy is ~35 kB (~0.15 MB uncompressed), so a whole study fits in
+the repository; the files are gzip at level 9 without a time stamp, so the same run archived
+twice gives the same bytes (``zcat metrics.jsonl.gz`` reads one by hand).
 
 ``python -m replay_exp.analysis.archive runs/finding1_stage1_tiny --out analysis/runs`` copies
 every finished run below the given sweep directories to ``analysis/runs/<sweep dir>/<run>/``.
@@ -28,20 +34,36 @@ the same, and is an error when they differ (a different run under the same name)
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sys
 from pathlib import Path
 
 from replay_exp.analysis.loader import find_run_dirs, read_run
+from replay_exp.runlog import jsonl_file
 
 COPIED = (
     "config.yaml",
     "summary.json",
     "buffer_telemetry.json",
-    "eval_details.jsonl",
     "final_passk.json",  # python -m replay_exp.eval.final
 )
+COMPRESSED = ("eval_details.jsonl",)  # copied whole, as <name>.gz
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path``, decompressed when it is a ``.gz`` file."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, gzip-compressed (level 9, no time stamp: the same text gives
+    the same bytes) when the name ends in ``.gz``."""
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    else:
+        path.write_text(text)
 
 
 def kept_rows(lines: list[str]) -> list[str]:
@@ -56,13 +78,18 @@ def kept_rows(lines: list[str]) -> list[str]:
 
 
 def archived_files(run_dir: Path) -> dict[str, str]:
-    """File name -> text of the archived copy of ``run_dir``."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    """File name -> text (uncompressed) of the archived copy of ``run_dir``; the files named
+    ``*.gz`` are written compressed (:func:`write_text`)."""
+    lines = read_text(jsonl_file(run_dir / "metrics.jsonl")).splitlines()
     rows = kept_rows(lines)
-    files = {"metrics.jsonl": "\n".join(rows) + "\n"}
+    files = {"metrics.jsonl.gz": "\n".join(rows) + "\n"}
     for name in COPIED:
         if (run_dir / name).is_file():
             files[name] = (run_dir / name).read_text()
+    for name in COMPRESSED:
+        source = jsonl_file(run_dir / name)
+        if source is not None:
+            files[name + ".gz"] = read_text(source)
     files["archive.json"] = (
         json.dumps(
             {
@@ -96,9 +123,7 @@ def archive(sources: list[Path], out: Path, force: bool = False) -> dict[str, li
     for target, files in plan:
         if not target.exists():
             continue
-        same = all(
-            (target / n).is_file() and (target / n).read_text() == t for n, t in files.items()
-        )
+        same = all((target / n).is_file() and read_text(target / n) == t for n, t in files.items())
         if same:
             done["unchanged"].append(str(target.relative_to(out)))
         elif not force:
@@ -114,7 +139,7 @@ def archive(sources: list[Path], out: Path, force: bool = False) -> dict[str, li
             shutil.rmtree(target)
         target.mkdir(parents=True)
         for name, text in files.items():
-            (target / name).write_text(text)
+            write_text(target / name, text)
         done["written"].append(str(target.relative_to(out)))
     return done
 

@@ -35,7 +35,7 @@ import yaml
 from replay_exp.analysis.labels import config_label
 from replay_exp.analysis.studies.node_time import COLUMN as NODE_COLUMN
 from replay_exp.analysis.studies.node_time import modelled_node_time
-from replay_exp.runlog import flatten, read_metrics
+from replay_exp.runlog import flatten, jsonl_file, read_metrics
 
 # Config keys that never distinguish configurations: where the run lives and how it is logged,
 # what the machine picked (threads, device), and how often it is evaluated (training does not
@@ -73,8 +73,8 @@ class Runs:
 
 def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, Path]]:
     """(root, run_dir) for every run directory under ``paths``: a directory holding
-    metrics.jsonl or config.yaml. A path that is itself a run directory is its own root.
-    Ordered by root (as given), then by path."""
+    metrics.jsonl (or an archived run's metrics.jsonl.gz) or config.yaml. A path that is itself
+    a run directory is its own root. Ordered by root (as given), then by path."""
     if isinstance(paths, str | Path):
         paths = [paths]
     out: list[tuple[Path, Path]] = []
@@ -99,7 +99,7 @@ def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, 
 
 
 def _is_run(d: Path) -> bool:
-    return (d / "metrics.jsonl").is_file() or (d / "config.yaml").is_file()
+    return jsonl_file(d / "metrics.jsonl") is not None or (d / "config.yaml").is_file()
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
@@ -118,7 +118,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
             stacklevel=2,
         )
     rows: list[dict[str, Any]] = []
-    if (run_dir / "metrics.jsonl").is_file():
+    if jsonl_file(run_dir / "metrics.jsonl") is not None:  # or its .gz: an archived run
         rows = read_metrics(run_dir / "metrics.jsonl")
     try:
         finished = json.loads((run_dir / "summary.json").read_text()).get("status") == "finished"

@@ -6,10 +6,12 @@ per-run table (runs.csv) and the per-configuration table (targets.csv). When the
 Pareto envelopes (several configurations; one envelope per learning-rate family when the
 learning rate is swept), heatmaps of best accuracy and compute-to-98%-of-best over N x (W, T),
 pass@k gain over the baseline vs k, histograms of the buffer telemetry, the composition of the
-data trained on vs the data generated (``data/*`` keys: reward, length, pass rate), and the
-theory curves for the sweep's mu. The baseline is the on-policy configuration (the best one if
-several, e.g. over learning rates); savings are measured at the accuracy it reaches (``--frac``
-of its best seed-mean accuracy).
+data trained on vs the data generated (``data/*`` keys: reward, length, pass rate), and, with
+``--theory DIR``, the theory curves for the sweep's mu (written once per mu into
+``DIR/mu=<mu>/``, e.g. ``analysis/results/theory``, and linked from the summary: every sweep at
+one mu shares the same figures, so reports do not each keep a copy). The baseline is the
+on-policy configuration (the best one if several, e.g. over learning rates); savings are
+measured at the accuracy it reaches (``--frac`` of its best seed-mean accuracy).
 
 One number per statistic: every point estimate is the statistic of the seed-mean curve
 (``replay_exp.analysis.curves``), and every interval is a percentile bootstrap centred on it
@@ -23,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -173,6 +176,7 @@ def make_report(
     interval: str = "t",
     envelope_over: tuple[str, ...] = ("algo.lr",),
     margin: float | None = None,
+    theory: Path | None = None,
 ) -> tuple[Path, list[Path]]:
     """Write the report of the runs under ``paths``; returns (summary.md, all files).
     ``best_over_key``: report only each configuration's best value of that key
@@ -180,7 +184,9 @@ def make_report(
     this configuration (:func:`pick_label`) instead of the on-policy baseline. ``interval``:
     ``t`` or ``percentile`` (``replay_exp.analysis.stats``). ``envelope_over``: the keys each
     Pareto envelope takes the best over (:func:`families`). ``margin``: also say whether each
-    final difference is equivalent to 0 within +-margin (``replay_exp.analysis.stats``)."""
+    final difference is equivalent to 0 within +-margin (``replay_exp.analysis.stats``).
+    ``theory``: draw the theory curves for the sweep's mu into ``theory/mu=<mu>/`` (none
+    without it; the summary then says how)."""
     runs = load_runs(paths, metric=metric, x=x)
     if runs.steps.empty or metric not in runs.steps:
         raise ReportError(f"no run under {', '.join(map(str, paths))} has logged {metric!r} yet")
@@ -260,14 +266,15 @@ def make_report(
         written += plot_telemetry(runs.runs, out / "telemetry")
 
     mu = runs.runs.get("compute.mu")
-    if mu is not None and mu.notna().any():
+    mu = float(mu.dropna().iloc[0]) if mu is not None and mu.notna().any() else None
+    if mu is not None and theory is not None:
         from replay_exp.theory.cli import plot_theory
 
-        written += [Path(p) for p in plot_theory(out, mu=float(mu.dropna().iloc[0]))]
+        written += [Path(p) for p in plot_theory(Path(theory) / f"mu={mu:g}", mu=mu)]
 
     summary = out / "summary.md"
     text = _markdown(runs, table, target, base, paths, x, metric, frac, written, best_target, stats,
-                     n_boot)  # fmt: skip
+                     n_boot, out, theory_note(mu) if theory is None else None)  # fmt: skip
     extra = [] if passk is None else _passk_markdown(passk, x)
     extra += ([""] if extra and composition_lines else []) + composition_lines
     if extra:  # before the list of files
@@ -281,9 +288,18 @@ def make_report(
     return summary, [summary, *written]
 
 
+def theory_note(mu: float | None) -> str | None:
+    """The summary's line about the theory curves a report drew without ``--theory``."""
+    if mu is None:
+        return None
+    return (f"theory curves for mu = {mu:g}: not drawn here (`--theory DIR` draws them into "
+            f"`DIR/mu={mu:g}/`, or `replay-exp-theory --mu {mu:g} --plot DIR`; committed once in "
+            f"`analysis/results/theory/mu={mu:g}/` for the studies' mu)")  # fmt: skip
+
+
 def _markdown(
     runs, table, target, base, paths, x, metric, frac, written, best_target, stats=None,
-    n_boot=2000,
+    n_boot=2000, out=Path("."), note=None,
 ) -> str:  # fmt: skip
     n = runs.runs["status"].value_counts().to_dict()
     seeds = runs.runs.groupby("config").size()
@@ -366,7 +382,9 @@ def _markdown(
     if with_stats:
         lines += ["", *_stats_markdown(stats, x, frac, n_boot)]
     lines += ["", "## Files", ""]
-    lines += [f"- [{p.name}]({p.name})" for p in written]
+    # Relative links: the theory curves may live outside the report (--theory DIR).
+    lines += [f"- [{p.name}]({Path(os.path.relpath(p, out)).as_posix()})" for p in written]
+    lines += [f"- {note}"] if note else []
     return "\n".join(lines) + "\n"
 
 
@@ -600,6 +618,14 @@ def main(argv: list[str] | None = None) -> None:
         help="keep each configuration's best value of KEY only (e.g. algo.lr)",
     )
     p.add_argument(
+        "--theory",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="draw the theory curves for the sweep's mu into DIR/mu=<mu>/ (one copy for every "
+        "report at that mu, e.g. analysis/results/theory) and link them; default: not drawn",
+    )
+    p.add_argument(
         "--margin",
         type=float,
         default=None,
@@ -628,6 +654,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.interval,
                 tuple(args.envelope_over),
                 args.margin,
+                args.theory,
             )
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)

@@ -84,7 +84,7 @@ from replay_exp.analysis.curves import (
     x_column,
 )
 from replay_exp.eval.estimators import decode_details, pass_at_k_per_problem
-from replay_exp.runlog import read_metrics
+from replay_exp.runlog import jsonl_file, read_metrics
 
 STATS = ("final", "peak", "saving", "stability")
 END_TOL = 1e-3  # relative: how far short of a grid point a run's last evaluation may be
@@ -126,8 +126,8 @@ def read_details(run_dir: str | Path) -> list[dict]:
     """The rows of a run's ``eval_details.jsonl`` ([] if it has none), read like
     metrics.jsonl (``replay_exp.runlog.read_metrics``: a truncated line is skipped with a
     warning)."""
-    path = Path(run_dir) / "eval_details.jsonl"
-    return read_metrics(path) if path.is_file() else []
+    path = Path(run_dir) / "eval_details.jsonl"  # or its .gz copy: an archived run
+    return read_metrics(path) if jsonl_file(path) is not None else []
 
 
 def run_matrix(

@@ -561,13 +561,14 @@ def estimate_mu_from_run(run_dir: str | Path) -> dict[str, Any]:
     """
     import yaml
 
-    from replay_exp.runlog import read_metrics
+    from replay_exp.runlog import jsonl_file, read_metrics
 
     run_dir = Path(run_dir)
     config_path, metrics_path = run_dir / "config.yaml", run_dir / "metrics.jsonl"
-    for p in (config_path, metrics_path):
-        if not p.is_file():
-            raise ValueError(f"{p} not found: not a finished run directory")
+    if not config_path.is_file():
+        raise ValueError(f"{config_path} not found: not a finished run directory")
+    if jsonl_file(metrics_path) is None:  # an archived run's metrics.jsonl.gz stands for it
+        raise ValueError(f"{metrics_path} not found: not a finished run directory")
     cfg = yaml.safe_load(config_path.read_text()) or {}
     sched = cfg.get("schedule") or {}
     rows = [

@@ -1,5 +1,6 @@
-"""The committed archive of study runs (replay_exp/analysis/archive.py): an archived run loads
-and compares exactly as its source does; unfinished runs are skipped; a clash loses nothing."""
+"""The committed archive of study runs (replay_exp/analysis/archive.py): an archived run
+(metrics and per-problem results gzip-compressed) loads and compares exactly as its source does;
+unfinished runs are skipped; a clash loses nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from replay_exp.analysis.archive import archive, main
 from replay_exp.analysis.loader import load_runs
 from replay_exp.analysis.report import sweep_wall_seconds
 from replay_exp.analysis.stats import compare_to_baseline
+from replay_exp.runlog import read_metrics
+from replay_exp.theory.bound import estimate_mu_from_run
 
 
 def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_sweeps, tmp_path):
@@ -40,9 +43,28 @@ def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_swe
     assert sweep_wall_seconds(b) == sweep_wall_seconds(a)
     copies = {str(p.parent) for p in copy.rglob("archive.json")}
     assert set(b.runs["run_dir"]) == copies
-    # Archiving again changes nothing.
+    # Compressed: the kept rows and eval_details.jsonl read back as the source's.
+    archived = next(copy.rglob("archive.json")).parent
+    source = src / archived.relative_to(copy)
+    assert sorted(p.name for p in archived.iterdir()) == [
+        "archive.json", "buffer_telemetry.json", "config.yaml", "eval_details.jsonl.gz",
+        "metrics.jsonl.gz", "summary.json",
+    ]  # fmt: skip
+    rows = read_metrics(source / "metrics.jsonl")
+    kept = [r for i, r in enumerate(rows) if i == len(rows) - 1 or any("eval/" in k for k in r)]
+    assert read_metrics(archived / "metrics.jsonl") == kept
+    details = read_metrics(source / "eval_details.jsonl")
+    assert read_metrics(archived / "eval_details.jsonl") == details and details
+    assert estimate_mu_from_run(archived) == estimate_mu_from_run(source)  # replay-exp-theory --run
+    # Archiving again changes nothing; elsewhere it gives the same bytes (no gzip time stamp).
     again = archive([src], tmp_path / "archive")
     assert len(again["unchanged"]) == 4 and not again["written"]
+    archive([src], tmp_path / "other")
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    assert files(tmp_path / "archive") == files(tmp_path / "other")
 
 
 def test_unfinished_runs_are_skipped_and_a_clash_writes_nothing(tiny_sweeps, tmp_path, capsys):
@@ -54,13 +76,13 @@ def test_unfinished_runs_are_skipped_and_a_clash_writes_nothing(tiny_sweeps, tmp
     assert main([str(src), "--out", str(out)]) == 0
     assert "skipped: 1" in capsys.readouterr().out
     # A different run under an archived name: an error naming it, and nothing overwritten.
-    victim = out / "compute" / runs[1].relative_to(src) / "metrics.jsonl"
-    before = victim.read_text()
+    victim = out / "compute" / runs[1].relative_to(src) / "metrics.jsonl.gz"
+    before = victim.read_bytes()
     with (runs[1] / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 99, "eval/pass@1": 1.0}) + "\n")
     assert main([str(src), "--out", str(out)]) == 2
     assert "differ from their sources" in capsys.readouterr().err
-    assert victim.read_text() == before
+    assert victim.read_bytes() == before
     with pytest.raises(ValueError):
         archive([src], out)
     assert archive([src], out, force=True)["written"] == [str(victim.parent.relative_to(out))]

@@ -27,7 +27,7 @@ def _png(path):
 
 def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
     out = tmp_path / "report"
-    proc = _report(tiny_sweeps["compute"], "--out", out)
+    proc = _report(tiny_sweeps["compute"], "--out", out, "--theory", tmp_path / "theory")
     assert proc.returncode == 0, proc.stderr[-3000:]
     labels = {"on-policy", "FIFO, y=2"}
 
@@ -67,9 +67,15 @@ def test_report_of_a_baseline_vs_replay_sweep(tiny_sweeps, tmp_path):
                                                                    "pass_rate"}  # fmt: skip
     assert (comp.query("label == 'on-policy'")["diff"] == 0).all()
     assert set(pd.read_csv(out / "composition_compute.csv")["label"]) == labels
-    for name in ("pareto_compute", "passk_gain", "telemetry", "theory_xy_vs_mu", "theory_K",
-                 "composition_compute"):  # fmt: skip
+    for name in ("pareto_compute", "passk_gain", "telemetry", "composition_compute"):
         _png(out / f"{name}.png")
+    # --theory: the theory curves at the sweep's mu go to one place per mu, shared by every
+    # report at that mu, and the summary links them there.
+    assert not list(out.glob("theory_*"))
+    for name in ("theory_xy_vs_mu", "theory_K"):
+        _png(tmp_path / "theory" / "mu=6.84" / f"{name}.png")
+        link = f"- [{name}.png](../theory/mu=6.84/{name}.png)"
+        assert link in (out / "summary.md").read_text()
 
     runs = pd.read_csv(out / "runs.csv")
     assert len(runs) == 4 and (runs["status"] == "finished").all()
@@ -91,6 +97,8 @@ def test_report_equivalence_margin(tiny_sweeps, tmp_path):
     assert (stats["final_equivalence"] == expected).all()
     summary = (out / "summary.md").read_text()
     assert "Equivalence margin 0.5" in summary and "final vs margin ±0.5 |" in summary
+    # Without --theory: no theory curves, and the summary says how to draw them.
+    assert not list(out.glob("theory_*")) and "theory curves for mu = 6.84: not drawn" in summary
     row = next(line for line in summary.splitlines() if line.startswith("| FIFO, y=2 | 2 (yes) "))
     assert row.endswith(f" {stats['final_equivalence'].iloc[0]} |")
 
