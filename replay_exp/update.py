@@ -1,11 +1,15 @@
 """One policy update on a batch of rollouts: forward, loss, backward, optimizer step.
 
-The loss is chosen by ``algo.name``: ``grpo`` (``replay_exp.algo.grpo_loss``, clipped surrogate,
-optional truncated IS, optional decoupled PPO via ``algo.proximal``), ``cispo`` / ``gspo`` /
-``m2po`` / ``topr`` (``replay_exp.algo.corrections``) or ``asymre``
-(``replay_exp.algo.asymre_loss``, no importance ratio); ``algo.mask`` (grpo, cispo, gspo)
-restricts any of the first three to the tokens a stale-data mask keeps
-(``replay_exp.algo.masks``). docs/corrections.md has the rules and their sources.
+The loss is the one registered under ``algo.name`` (``replay_exp.algo.registry``, ``LOSSES``:
+grpo, cispo, gspo, m2po, topr, asymre; each module of ``replay_exp.algo`` registers its own),
+called with its typed knobs: ``loss_knobs`` turns the ``algo`` node into the loss's schema
+instance, and a key the schema lacks or does not have is an error, never a silent default.
+What is not the loss's own is done here, the same way for every loss: the aggregation and
+micro-batching (below), the KL reference forward (``algo.kl_coef``), the stale-data masks
+(``algo.mask`` where the loss's schema is a ``MaskedAlgoConfig``: grpo, cispo, gspo;
+``replay_exp.algo.masks``) and a loss's own whole-batch mask (M2PO's budget, its
+``batch_keep``), decoupled PPO's proximal log-probs (``algo.proximal``, ``GrpoConfig``), the
+gradient clip and the diagnostics. docs/corrections.md has the rules and their sources.
 
 Loss normalisation. ``algo.loss_agg`` reduces the per-token terms of the WHOLE batch of B
 rollouts to one scalar (``replay_exp.algo.grpo``, item 6): ``token_mean`` divides the sum over
@@ -28,25 +32,24 @@ the whole batch's log-probs, so they are the full-batch values too.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from replay_exp.algo import (
-    ALGO_NAMES,
+    LossInputs,
     agg_denominator,
-    asymre_loss,
-    cispo_loss,
     correction_keep,
-    grpo_loss,
-    gspo_loss,
+    get_loss,
     loglinear_proximal,
-    m2po_keep,
-    m2po_loss,
+    loss_knobs,
     masked_mean,
-    topr_loss,
 )
 from replay_exp.algo.diagnostics import update_diagnostics
+from replay_exp.algo.registry import LossSpec
+from replay_exp.config.schemas import AlgoConfig, GrpoConfig, MaskedAlgoConfig
 from replay_exp.models.forward import micro_batch, policy_logprobs, row_chunks
 from replay_exp.types import RolloutBatch
 
@@ -67,8 +70,9 @@ def policy_update(
 ) -> dict[str, float]:
     """Take one optimizer step on ``batch`` with the loss ``algo.name``; return its statistics.
 
-    Forward and backward run ``algo.micro_batch_size`` rollouts at a time (absent or None: all
-    of them), with the gradient of the full batch (module docstring).
+    ``algo``: the algo config node (or its schema instance), exactly its loss's schema keys.
+    Forward and backward run ``algo.micro_batch_size`` rollouts at a time (None: all of them),
+    with the gradient of the full batch (module docstring).
 
     ``version``: the policy version being updated (the step); needed by
     ``algo.proximal=loglinear`` (a rollout's lag) and by the diagnostics. ``diagnostics``:
@@ -78,113 +82,58 @@ def policy_update(
     They read the model, never change it. ``gap_known``: whether the batch's stored engine
     gaps were measured (False: the split into mismatch and staleness is logged as NaN).
 
-    Whole-batch passes. Two options need the whole batch before the first backward, and get
-    one no-grad forward of it (in the micro-batches' chunks, so its values are the ones the
-    loss sees): ``algo.proximal=recompute`` (log pi_prox, the weights before this update) and
-    ``algo=m2po`` when micro-batched (its token mask is a budget over the whole batch; in one
-    chunk the mask comes from the forward itself, at no cost). The time is training time.
-    ``stats["extra_forwards"]`` counts them for the ledger's FLOPs.
+    Whole-batch passes (:func:`_whole_batch_pass`, training time) are counted in
+    ``stats["extra_forwards"]`` for the ledger's FLOPs.
 
     Every loss reports ``loss``, ``pg_loss``, ``grad_norm``, ``entropy``, ``batch_size``,
     ``tokens`` and the staleness stats ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` /
     ``approx_kl`` (detached where the loss has no ratio), plus its own (the loss functions'
     docstrings); ``masked_frac`` / ``masked_seq_frac`` (valid tokens, and rows with a valid
-    token, that ``algo.mask`` or M2PO's budget dropped) when one is active; ``kl_ref`` when
-    ``algo.kl_coef > 0``.
+    token, that ``algo.mask`` or the loss's own whole-batch mask dropped) when one is active;
+    ``kl_ref`` when ``algo.kl_coef > 0``.
     """
+    knobs = loss_knobs(algo)  # the loss's schema instance: exactly its keys, or an error
+    spec = get_loss(knobs.name)
     # ``algo`` was validated once, by resolve(); only what the caller must pass is checked here.
-    if algo.kl_coef > 0 and ref_model is None:
-        raise ValueError(f"algo.kl_coef={algo.kl_coef} > 0 needs a reference model")
-    proximal = getattr(algo, "proximal", "none")
-    mask_kind = getattr(algo, "mask", "none")
-    if (proximal == "loglinear" or diagnostics) and version is None:
+    if knobs.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"algo.kl_coef={knobs.kl_coef} > 0 needs a reference model")
+    if (_proximal(knobs) == "loglinear" or diagnostics) and version is None:
         raise ValueError("algo.proximal=loglinear and the diagnostics need the policy version")
     policy.train()
-    device = next(policy.parameters()).device
-    B, C = batch.completion_ids_BxC.shape
-    mask_BxC = batch.completion_mask_BxC.to(device)
-    behaviour_BxC = batch.behaviour_logp_BxC.to(device)
-    denom = agg_denominator(mask_BxC, algo.loss_agg, norm_len)  # of the WHOLE batch
-    # Detached per-token values of every row, filled micro-batch by micro-batch, for the stats.
-    logp_BxC = torch.zeros(B, C, device=device)
-    entropy_BxC = torch.zeros(B, C, device=device)
-    ref_logp_BxC = torch.zeros(B, C, device=device) if algo.kl_coef > 0 else None
-    masked = mask_kind != "none" or algo.name == "m2po"
-    keep_BxC = mask_BxC.clone() if masked else None
-    prox_BxC = torch.zeros(B, C, device=device) if proximal != "none" else None
-    lag_B = None if version is None else (version - batch.version_B).to(device)
-
-    micro_size = getattr(algo, "micro_batch_size", None)
-    chunks = row_chunks(B, micro_size)
-    extra_forwards = 0
-    if proximal == "recompute" or (algo.name == "m2po" and len(chunks) > 1):
-        with torch.no_grad():
-            pre_BxC, _ = policy_logprobs(policy, batch, temperature, micro_size)
-        extra_forwards = 1
-        if proximal == "recompute":
-            prox_BxC = pre_BxC.float().masked_fill(~mask_BxC, 0.0)
-        if algo.name == "m2po":
-            keep_BxC = m2po_keep(pre_BxC - behaviour_BxC, mask_BxC, algo.m2_threshold)
+    rows = _Rows.empty(batch, knobs, spec, next(policy.parameters()).device, version)
+    denom = agg_denominator(rows.mask_BxC, knobs.loss_agg, norm_len)  # of the WHOLE batch
+    chunks = row_chunks(rows.mask_BxC.shape[0], knobs.micro_batch_size)
+    extra_forwards = _whole_batch_pass(policy, batch, knobs, spec, rows, temperature, chunks)
 
     optimizer.zero_grad(set_to_none=True)
-    for rows in chunks:
-        micro = batch if len(chunks) == 1 else micro_batch(batch, rows)
+    for sl in chunks:
+        micro = batch if len(chunks) == 1 else micro_batch(batch, sl)
         logp_mxc, entropy_mxc = policy_logprobs(policy, micro, temperature)
         w = logp_mxc.shape[1]
-        ref_mxc = None
-        if ref_logp_BxC is not None:
-            with torch.no_grad():
-                ref_mxc, _ = policy_logprobs(ref_model, micro, temperature)
-            ref_logp_BxC[rows, :w] = ref_mxc
-        if proximal == "loglinear":
-            prox_BxC[rows, :w] = loglinear_proximal(
-                logp_mxc, behaviour_BxC[rows, :w], lag_B[rows]
-            ).masked_fill(~mask_BxC[rows, :w], 0.0)
-        if mask_kind != "none":
-            keep_BxC[rows, :w] = correction_keep(
-                logp_mxc, behaviour_BxC[rows, :w], batch.advantage_B[rows], mask_BxC[rows, :w],
-                mask_kind, low=algo.mask_low, high=algo.mask_high,
-                geo_delta=algo.mask_geo_delta, opsm_delta=algo.mask_opsm_delta,
-            )  # fmt: skip
-        elif algo.name == "m2po" and len(chunks) == 1:
-            keep_BxC = m2po_keep(logp_mxc - behaviour_BxC, mask_BxC, algo.m2_threshold)
-        keep = None if keep_BxC is None else keep_BxC[rows, :w]
-        prox = None if prox_BxC is None else prox_BxC[rows, :w]
-        loss, stats = batch_loss(algo, micro, logp_mxc, ref_mxc, norm_len, denom, prox, keep)
+        ref_mxc = _reference_logp(ref_model, micro, temperature, rows, sl, w)
+        _fill_corrections(knobs, spec, rows, sl, logp_mxc, batch.advantage_B, len(chunks) == 1)
+        prox, keep = rows.of(rows.prox_BxC, sl, w), rows.of(rows.keep_BxC, sl, w)
+        loss, stats = batch_loss(knobs, micro, logp_mxc, ref_mxc, norm_len, denom, prox, keep)
         loss.backward()
-        logp_BxC[rows, :w] = logp_mxc.detach()
-        entropy_BxC[rows, :w] = entropy_mxc
-    max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
+        rows.logp_BxC[sl, :w] = logp_mxc.detach()
+        rows.entropy_BxC[sl, :w] = entropy_mxc
+    max_norm = knobs.grad_clip if knobs.grad_clip is not None else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm)
     optimizer.step()
 
     if len(chunks) > 1:  # one micro-batch's stats are partial: recompute on the whole batch
         with torch.no_grad():
-            loss, stats = batch_loss(
-                algo, batch, logp_BxC, ref_logp_BxC, norm_len, denom, prox_BxC, keep_BxC
-            )
+            loss, stats = batch_loss(knobs, batch, rows.logp_BxC, rows.ref_logp_BxC, norm_len,
+                                     denom, rows.prox_BxC, rows.keep_BxC)  # fmt: skip
     stats["loss"] = float(loss.detach())
     stats["grad_norm"] = float(grad_norm)
-    stats["entropy"] = float(masked_mean(entropy_BxC, mask_BxC))
+    stats["entropy"] = float(masked_mean(rows.entropy_BxC, rows.mask_BxC))
     stats["batch_size"] = len(batch)
-    stats["tokens"] = int(mask_BxC.sum())
+    stats["tokens"] = int(rows.mask_BxC.sum())
     stats["extra_forwards"] = extra_forwards
-    if keep_BxC is not None:
-        dropped_BxC = mask_BxC & ~keep_BxC
-        rows_B = mask_BxC.any(dim=1)
-        stats["masked_frac"] = float(masked_mean(dropped_BxC.float(), mask_BxC))
-        stats["masked_seq_frac"] = float(masked_mean(dropped_BxC.any(dim=1).float(), rows_B))
+    stats.update(rows.masked_stats())
     if diagnostics:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            after_BxC, _ = policy_logprobs(policy, batch, temperature, micro_size)
-        gap_BxC = batch.engine_gap_BxC.to(device) if gap_known else None
-        diag = update_diagnostics(
-            logp_BxC, after_BxC, behaviour_BxC, mask_BxC, batch.advantage_B, lag_B,
-            algo.eps_low, algo.eps_high, keep_BxC=keep_BxC, gap_BxC=gap_BxC,
-        )  # fmt: skip
-        stats.update({f"diag/{k}": v for k, v in diag.items()})
-        stats["diag/seconds"] = time.perf_counter() - t0
+        stats.update(_diagnostics(policy, batch, knobs, rows, temperature, gap_known))
     return stats
 
 
@@ -199,44 +148,187 @@ def batch_loss(
     keep_BxC: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss ``algo.name`` of ``batch`` (all rows or one micro-batch) given its log-probs,
-    normalised by ``denom``. ``prox_logp_BxC``: decoupled PPO's proximal log-probs (grpo);
-    ``keep_BxC``: the tokens the mask keeps (``algo.mask``, or M2PO's budget), the rest leave
-    the loss as padding would (``replay_exp.algo.masks``)."""
+    normalised by ``denom``: the registered loss called with :class:`LossInputs` and its typed
+    knobs. ``prox_logp_BxC``: decoupled PPO's proximal log-probs (``algo.proximal``);
+    ``keep_BxC``: the tokens a mask keeps. ``algo.mask``'s dropped tokens leave the loss as
+    padding would (``replay_exp.algo.masks``; the normaliser stays); a loss with its own
+    whole-batch mask (``batch_keep``, M2PO) gets it as ``keep_BxC`` instead."""
+    knobs = loss_knobs(algo)
+    spec = get_loss(knobs.name)
     device = logp_BxC.device
     mask_BxC = batch.completion_mask_BxC.to(device)
-    behaviour_BxC = batch.behaviour_logp_BxC.to(device)
-    if algo.name not in ALGO_NAMES:  # a programming error (resolve() rejects unknown names)
-        raise KeyError(f"algo.name={algo.name}: no such loss; the losses: {list(ALGO_NAMES)}")
-    common = dict(
-        agg=algo.loss_agg, norm_len=norm_len, kl_coef=algo.kl_coef, ref_logp_BxC=ref_logp_BxC,
-        denom=denom,
-    )  # fmt: skip
-    if algo.name == "asymre":
-        # V_hat (group-mean reward at generation time) = r - A for unnormalised advantages.
-        reward_B = batch.reward_B.to(device)
-        return asymre_loss(
-            logp_BxC, reward_B, reward_B - batch.advantage_B.to(device), mask_BxC,
-            dv=algo.asymre_dv, behaviour_logp_BxC=behaviour_BxC, **common,
-        )  # fmt: skip
-    if algo.name == "topr":
-        return topr_loss(
-            logp_BxC, behaviour_BxC, batch.reward_B.to(device), mask_BxC,
-            baseline=algo.topr_baseline, **common,
-        )  # fmt: skip
-    advantage_B = batch.advantage_B.to(device)
-    if algo.name == "m2po":
-        return m2po_loss(
-            logp_BxC, behaviour_BxC, advantage_B, mask_BxC, threshold=algo.m2_threshold,
-            keep_BxC=keep_BxC, **common,
-        )  # fmt: skip
-    if keep_BxC is not None:  # algo.mask: masked tokens leave the loss, denom stays
+    if keep_BxC is not None and spec.batch_keep is None:  # algo.mask: masked tokens leave
         mask_BxC = mask_BxC & keep_BxC.to(device)
-    clip = dict(eps_low=algo.eps_low, eps_high=algo.eps_high)
-    if algo.name == "cispo":
-        return cispo_loss(logp_BxC, behaviour_BxC, advantage_B, mask_BxC, **clip, **common)
-    if algo.name == "gspo":
-        return gspo_loss(logp_BxC, behaviour_BxC, advantage_B, mask_BxC, **clip, **common)
-    return grpo_loss(
-        logp_BxC, behaviour_BxC, advantage_B, mask_BxC, **clip, tis_cap=algo.tis_cap,
-        tis_level=algo.tis_level, prox_logp_BxC=prox_logp_BxC, **common,
+        keep_BxC = None
+    inputs = LossInputs(
+        logp_BxC=logp_BxC, behaviour_logp_BxC=batch.behaviour_logp_BxC.to(device),
+        advantage_B=batch.advantage_B.to(device), reward_B=batch.reward_B.to(device),
+        mask_BxC=mask_BxC, keep_BxC=keep_BxC, prox_logp_BxC=prox_logp_BxC,
+        agg=knobs.loss_agg, norm_len=norm_len, kl_coef=knobs.kl_coef,
+        ref_logp_BxC=ref_logp_BxC, denom=denom,
     )  # fmt: skip
+    return spec.loss(inputs, knobs)
+
+
+def _mask_kind(knobs: AlgoConfig) -> str:
+    """``algo.mask`` where the loss takes a stale-data mask (its schema is a
+    ``MaskedAlgoConfig``), else ``none``."""
+    return knobs.mask if isinstance(knobs, MaskedAlgoConfig) else "none"
+
+
+def _proximal(knobs: AlgoConfig) -> str:
+    """``algo.proximal`` where the loss takes decoupled PPO (its schema is a ``GrpoConfig``),
+    else ``none``."""
+    return knobs.proximal if isinstance(knobs, GrpoConfig) else "none"
+
+
+@dataclass
+class _Rows:
+    """The whole batch's per-token tensors (B x C, on the policy's device): the log-probs and
+    entropies, filled micro-batch by micro-batch (detached, for the stats and diagnostics), and
+    what the loss reads besides them: the reference log-probs, the kept tokens of a mask, the
+    proximal log-probs (None where not needed)."""
+
+    mask_BxC: Tensor
+    behaviour_BxC: Tensor
+    logp_BxC: Tensor
+    entropy_BxC: Tensor
+    ref_logp_BxC: Tensor | None
+    keep_BxC: Tensor | None
+    prox_BxC: Tensor | None
+    lag_B: Tensor | None  # versions since each rollout was generated (None: no version given)
+
+    @classmethod
+    def empty(
+        cls,
+        batch: RolloutBatch,
+        knobs: AlgoConfig,
+        spec: LossSpec,
+        device: Any,
+        version: int | None,
+    ) -> _Rows:
+        B, C = batch.completion_ids_BxC.shape
+        mask_BxC = batch.completion_mask_BxC.to(device)
+        masked = _mask_kind(knobs) != "none" or spec.batch_keep is not None
+        return cls(
+            mask_BxC=mask_BxC,
+            behaviour_BxC=batch.behaviour_logp_BxC.to(device),
+            logp_BxC=torch.zeros(B, C, device=device),
+            entropy_BxC=torch.zeros(B, C, device=device),
+            ref_logp_BxC=torch.zeros(B, C, device=device) if knobs.kl_coef > 0 else None,
+            keep_BxC=mask_BxC.clone() if masked else None,
+            prox_BxC=torch.zeros(B, C, device=device) if _proximal(knobs) != "none" else None,
+            lag_B=None if version is None else (version - batch.version_B).to(device),
+        )
+
+    @staticmethod
+    def of(x_BxC: Tensor | None, sl: slice, w: int) -> Tensor | None:
+        """Rows ``sl`` (first ``w`` columns) of ``x_BxC``; None stays None."""
+        return None if x_BxC is None else x_BxC[sl, :w]
+
+    def masked_stats(self) -> dict[str, float]:
+        """``masked_frac`` / ``masked_seq_frac``: the valid tokens, and the rows with a valid
+        token, that a mask dropped (none without a mask)."""
+        if self.keep_BxC is None:
+            return {}
+        dropped_BxC = self.mask_BxC & ~self.keep_BxC
+        rows_B = self.mask_BxC.any(dim=1)
+        return {
+            "masked_frac": float(masked_mean(dropped_BxC.float(), self.mask_BxC)),
+            "masked_seq_frac": float(masked_mean(dropped_BxC.any(dim=1).float(), rows_B)),
+        }
+
+
+def _whole_batch_pass(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    knobs: AlgoConfig,
+    spec: LossSpec,
+    rows: _Rows,
+    temperature: float,
+    chunks: list,
+) -> int:
+    """The no-grad forward of the whole batch (in the micro-batches' chunks, so its values are
+    the ones the loss sees) that two options need before the first backward:
+    ``algo.proximal=recompute`` (log pi_prox, the weights before this update) and a loss's own
+    whole-batch mask when micro-batched (M2PO's budget; in one chunk the mask comes from the
+    loss's forward itself, at no cost: :func:`_fill_corrections`). Returns the forwards run."""
+    recompute = _proximal(knobs) == "recompute"
+    if not (recompute or (spec.batch_keep is not None and len(chunks) > 1)):
+        return 0
+    with torch.no_grad():
+        pre_BxC, _ = policy_logprobs(policy, batch, temperature, knobs.micro_batch_size)
+    if recompute:
+        rows.prox_BxC = pre_BxC.float().masked_fill(~rows.mask_BxC, 0.0)
+    if spec.batch_keep is not None:
+        rows.keep_BxC = spec.batch_keep(pre_BxC - rows.behaviour_BxC, rows.mask_BxC, knobs)
+    return 1
+
+
+def _reference_logp(
+    ref_model: torch.nn.Module | None,
+    micro: RolloutBatch,
+    temperature: float,
+    rows: _Rows,
+    sl: slice,
+    w: int,
+) -> Tensor | None:
+    """The reference policy's log-probs of the micro-batch ``micro`` (rows ``sl``) when
+    ``algo.kl_coef > 0`` (kept in ``rows`` for the whole-batch stats), else None."""
+    if rows.ref_logp_BxC is None:
+        return None
+    with torch.no_grad():
+        ref_mxc, _ = policy_logprobs(ref_model, micro, temperature)
+    rows.ref_logp_BxC[sl, :w] = ref_mxc
+    return ref_mxc
+
+
+def _fill_corrections(
+    knobs: AlgoConfig,
+    spec: LossSpec,
+    rows: _Rows,
+    sl: slice,
+    logp_mxc: Tensor,
+    advantage_B: Tensor,
+    one_chunk: bool,
+) -> None:
+    """From the micro-batch's log-probs, the rows ``sl`` of what the loss reads besides them:
+    ``algo.proximal=loglinear``'s proximal log-probs, ``algo.mask``'s kept tokens, and (the
+    batch in one chunk) the loss's own whole-batch mask."""
+    w = logp_mxc.shape[1]
+    mask_mxc, behaviour_mxc = rows.mask_BxC[sl, :w], rows.behaviour_BxC[sl, :w]
+    if _proximal(knobs) == "loglinear":
+        rows.prox_BxC[sl, :w] = loglinear_proximal(
+            logp_mxc, behaviour_mxc, rows.lag_B[sl]
+        ).masked_fill(~mask_mxc, 0.0)
+    kind = _mask_kind(knobs)
+    if kind != "none":
+        rows.keep_BxC[sl, :w] = correction_keep(
+            logp_mxc, behaviour_mxc, advantage_B[sl], mask_mxc, kind, low=knobs.mask_low,
+            high=knobs.mask_high, geo_delta=knobs.mask_geo_delta, opsm_delta=knobs.mask_opsm_delta,
+        )  # fmt: skip
+    elif spec.batch_keep is not None and one_chunk:
+        rows.keep_BxC = spec.batch_keep(logp_mxc - rows.behaviour_BxC, rows.mask_BxC, knobs)
+
+
+def _diagnostics(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    knobs: AlgoConfig,
+    rows: _Rows,
+    temperature: float,
+    gap_known: bool,
+) -> dict[str, float]:
+    """``diag/<name>``: one no-grad forward after the optimizer step measures the update
+    (``replay_exp.algo.diagnostics``); ``diag/seconds``: the time it took."""
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        after_BxC, _ = policy_logprobs(policy, batch, temperature, knobs.micro_batch_size)
+    gap_BxC = batch.engine_gap_BxC.to(rows.mask_BxC.device) if gap_known else None
+    diag = update_diagnostics(
+        rows.logp_BxC, after_BxC, rows.behaviour_BxC, rows.mask_BxC, batch.advantage_B,
+        rows.lag_B, knobs.eps_low, knobs.eps_high, keep_BxC=rows.keep_BxC, gap_BxC=gap_BxC,
+    )  # fmt: skip
+    out = {f"diag/{k}": v for k, v in diag.items()}
+    out["diag/seconds"] = time.perf_counter() - t0
+    return out

@@ -4,12 +4,12 @@ gradient-checkpointed log-probs equal the plain ones. A real (tiny) transformers
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from replay_exp.config.composition import compose
+from replay_exp.config.schemas import build_node
 from replay_exp.models import build_char_tokenizer, build_tiny_model
 from replay_exp.models.shared_prefix import supports_prefix_sharing
 from replay_exp.rollout.synthetic import rollout_batch
@@ -66,13 +66,12 @@ def batch(model) -> RolloutBatch:
     return rows
 
 
-def _algo(**kw):
-    base = dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0, loss_agg="token_mean",
-                adv_normalize_std=False, grad_clip=None, tis_cap=None, tis_level="token",
-                asymre_dv=-0.1, micro_batch_size=None, mask="none", mask_low=0.5,
-                mask_high=5.0, mask_geo_delta=0.02, mask_opsm_delta=1e-4, proximal="none",
-                m2_threshold=0.04, topr_baseline=0.5)  # fmt: skip
-    return SimpleNamespace(**{**base, **kw})
+def _algo(name: str = "grpo", **kw):
+    """The node of ``algo=<name>``: its YAML's defaults (conf/algo/<name>.yaml), these shared
+    knobs, then ``kw``; exactly the loss's schema keys (the update refuses any other)."""
+    base = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.0, loss_agg="token_mean",
+                adv_normalize_std=False, grad_clip=None, micro_batch_size=None)  # fmt: skip
+    return build_node("algo", name, name=name, **{**base, **kw})
 
 
 def _grads_and_stats(model, batch, algo, ref_model=None):

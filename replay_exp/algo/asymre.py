@@ -29,10 +29,13 @@ advantage (exact for binary rewards whenever k/G is a dyadic fraction, e.g. G a 
 ``algo.name=asymre`` therefore requires ``algo.adv_normalize_std=false`` (``resolve`` checks).
 
 Pure function: tensors in, ``(loss, detached stats)`` out; no config reads. Padding (``mask
-False``) may hold arbitrary garbage; it is replaced before any arithmetic.
+False``) may hold arbitrary garbage; it is replaced before any arithmetic. Registered as
+``algo=asymre`` at the end of this module (``replay_exp.algo.registry``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -44,6 +47,8 @@ from replay_exp.algo.grpo import (
     stats_to_floats,
     with_kl_penalty,
 )
+from replay_exp.algo.registry import LossInputs, register_loss
+from replay_exp.config.schemas import AsymreConfig
 
 
 def asymre_loss(
@@ -120,3 +125,24 @@ def asymre_loss(
         if kl_ref is not None:
             values["kl_ref"] = kl_ref.detach()
     return loss, stats_to_floats(values)
+
+
+def check_asymre(algo: AsymreConfig) -> str | None:
+    """V_hat is recovered as reward - advantage, exact only for unnormalised advantages;
+    ``algo.asymre_dv`` must be finite. (``kl_coef > 0`` is allowed: the same k3 term as GRPO.)"""
+    if algo.adv_normalize_std:
+        return "algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)"
+    if not math.isfinite(algo.asymre_dv):
+        return f"algo.asymre_dv={algo.asymre_dv} must be finite"
+    return None
+
+
+@register_loss("asymre", schema=AsymreConfig, check=check_asymre)
+def algo_asymre(x: LossInputs, algo: AsymreConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=asymre``: :func:`asymre_loss` with ``V_hat = r - A`` (the group-mean reward at
+    generation time, exact for unnormalised advantages); the behaviour log-probs feed only the
+    ratio stats."""
+    return asymre_loss(
+        x.logp_BxC, x.reward_B, x.reward_B - x.advantage_B, x.mask_BxC, dv=algo.asymre_dv,
+        behaviour_logp_BxC=x.behaviour_logp_BxC, **x.common(),
+    )  # fmt: skip

@@ -13,9 +13,15 @@ adds the same optional k3 KL penalty (``kl_coef``, ``ref_logp_BxC``), and report
 What each reduces to on-policy (every ``r_t = 1``), tested in ``tests/algo/test_corrections.py``:
 CISPO, GSPO and M2PO to GRPO's gradient (value ``A``; CISPO's value is ``A log pi``), TOPR to
 REINFORCE with the coefficient ``R - b``.
+
+Each registers itself (``replay_exp.algo.registry``) at the end of this module as
+``algo=cispo | gspo | m2po | topr``, with its schema (``replay_exp/config/schemas.py``) and its
+YAML (``conf/algo/<name>.yaml``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -30,6 +36,8 @@ from replay_exp.algo.grpo import (
     with_kl_penalty,
 )
 from replay_exp.algo.masks import m2po_keep
+from replay_exp.algo.registry import LossInputs, register_loss
+from replay_exp.config.schemas import CispoConfig, GspoConfig, M2poConfig, ToprConfig
 
 
 def _finish(
@@ -261,3 +269,54 @@ def m2po_loss(
     objective_BxC = torch.exp(log_ratio_BxC) * adv_Bx1
     return _finish(objective_BxC, logp_BxC, log_ratio_BxC, kept_BxC, agg, norm_len, kl_coef,
                    ref_logp_BxC, denom, extra)  # fmt: skip
+
+
+# --- registered as algo=<name> (replay_exp.algo.registry) --------------------------------------
+
+
+@register_loss("cispo", schema=CispoConfig, weight_clip=True)
+def algo_cispo(x: LossInputs, algo: CispoConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=cispo``: :func:`cispo_loss` on the tokens ``algo.mask`` keeps."""
+    return cispo_loss(x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC,
+                      eps_low=algo.eps_low, eps_high=algo.eps_high, **x.common())  # fmt: skip
+
+
+@register_loss("gspo", schema=GspoConfig)
+def algo_gspo(x: LossInputs, algo: GspoConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=gspo``: :func:`gspo_loss` on the tokens ``algo.mask`` keeps."""
+    return gspo_loss(x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC,
+                     eps_low=algo.eps_low, eps_high=algo.eps_high, **x.common())  # fmt: skip
+
+
+def check_m2po(algo: M2poConfig) -> str | None:
+    """``algo.m2_threshold`` must be a positive budget."""
+    if not algo.m2_threshold > 0:
+        return f"algo.m2_threshold={algo.m2_threshold} must be > 0 (the budget on mean (log r)^2)"
+    return None
+
+
+def m2po_batch_keep(log_ratio_BxC: Tensor, mask_BxC: Tensor, algo: M2poConfig) -> Tensor:
+    """M2PO's budget over the whole batch (:func:`~replay_exp.algo.masks.m2po_keep`)."""
+    return m2po_keep(log_ratio_BxC, mask_BxC, algo.m2_threshold)
+
+
+@register_loss("m2po", schema=M2poConfig, check=check_m2po, batch_keep=m2po_batch_keep)
+def algo_m2po(x: LossInputs, algo: M2poConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=m2po``: :func:`m2po_loss` with the whole batch's budget mask ``x.keep_BxC`` (None:
+    drawn from these rows alone)."""
+    return m2po_loss(x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC,
+                     threshold=algo.m2_threshold, keep_BxC=x.keep_BxC, **x.common())  # fmt: skip
+
+
+def check_topr(algo: ToprConfig) -> str | None:
+    """``algo.topr_baseline`` must be finite."""
+    if not math.isfinite(algo.topr_baseline):
+        return f"algo.topr_baseline={algo.topr_baseline} must be finite"
+    return None
+
+
+@register_loss("topr", schema=ToprConfig, check=check_topr)
+def algo_topr(x: LossInputs, algo: ToprConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=topr``: :func:`topr_loss` on the stored reward (not the advantage)."""
+    return topr_loss(x.logp_BxC, x.behaviour_logp_BxC, x.reward_B, x.mask_BxC,
+                     baseline=algo.topr_baseline, **x.common())  # fmt: skip

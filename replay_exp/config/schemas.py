@@ -195,11 +195,16 @@ class DistributedRuntimeConfig(RuntimeConfig):
 
 
 # --- algo -------------------------------------------------------------------------------------
+# One schema per loss: the loss registers itself with it (replay_exp.algo.registry,
+# register_loss(name, schema=...)) and its YAML is conf/algo/<name>.yaml; OPTION_SCHEMAS["algo"]
+# below lists it under the same name (register_loss checks).
 
 
 @dataclass
 class AlgoConfig:
-    name: str = MISSING  # grpo | cispo | gspo | m2po | topr | asymre
+    """The keys every loss shares (``conf/algo/_base.yaml``)."""
+
+    name: str = MISSING  # the loss: a name registered in replay_exp.algo (LOSSES)
     group_size: int = MISSING  # G
     eps_low: float = MISSING
     eps_high: float = MISSING
@@ -215,7 +220,8 @@ class AlgoConfig:
 
 @dataclass
 class MaskedAlgoConfig(AlgoConfig):
-    """The losses a stale-data mask applies to (replay_exp/algo/masks.py)."""
+    """The losses a stale-data mask applies to (replay_exp/algo/masks.py; ``conf/algo/_mask.yaml``):
+    a loss whose schema subclasses this one gets ``algo.mask`` from the update."""
 
     mask: str = MISSING  # none | icepop | seq_mis | geometric | opsm
     mask_low: float = MISSING  # icepop / seq_mis: keep r (or W) >= mask_low
@@ -226,6 +232,9 @@ class MaskedAlgoConfig(AlgoConfig):
 
 @dataclass
 class GrpoConfig(MaskedAlgoConfig):
+    """``algo=grpo`` (replay_exp/algo/grpo.py): truncated IS and decoupled PPO (a loss whose
+    schema subclasses this one gets ``algo.proximal``'s proximal log-probs from the update)."""
+
     tis_cap: float | None = MISSING  # truncated IS weight cap c; null = off
     tis_level: str = MISSING  # token | sequence
     proximal: str = MISSING  # decoupled PPO's proximal policy: none | recompute | loglinear
@@ -233,26 +242,32 @@ class GrpoConfig(MaskedAlgoConfig):
 
 @dataclass
 class CispoConfig(MaskedAlgoConfig):
-    pass
+    """``algo=cispo`` (replay_exp/algo/corrections.py)."""
 
 
 @dataclass
 class GspoConfig(MaskedAlgoConfig):
-    pass
+    """``algo=gspo`` (replay_exp/algo/corrections.py)."""
 
 
 @dataclass
 class M2poConfig(AlgoConfig):
+    """``algo=m2po`` (replay_exp/algo/corrections.py)."""
+
     m2_threshold: float = MISSING  # the budget on the kept tokens' mean (log r)^2
 
 
 @dataclass
 class ToprConfig(AlgoConfig):
+    """``algo=topr`` (replay_exp/algo/corrections.py)."""
+
     topr_baseline: float = MISSING  # b in the coefficient R - b of the stored reward
 
 
 @dataclass
 class AsymreConfig(AlgoConfig):
+    """``algo=asymre`` (replay_exp/algo/asymre.py)."""
+
     asymre_dv: float = MISSING  # baseline shift dV in (r - (V_hat + dV)) * log pi
 
 

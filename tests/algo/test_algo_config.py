@@ -1,4 +1,4 @@
-"""algo.name dispatch (grpo | asymre) in the update and the algo checks of resolve()."""
+"""The update's loss looked up by algo.name (grpo | asymre) and the algo checks of resolve()."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from replay_exp.algo import asymre_loss, grpo_loss
 from replay_exp.config.composition import compose
 from replay_exp.config.derive import resolve
 from replay_exp.config.errors import ConfigError
+from replay_exp.config.schemas import build_node
 from replay_exp.rollout.synthetic import rollout_batch
 from replay_exp.types import RolloutBatch
 from replay_exp.update import policy_logprobs, policy_update
@@ -141,11 +142,11 @@ def _batch(behaviour_shift: float = 0.0) -> RolloutBatch:
     )
 
 
-def _algo(**kw):
-    base = dict(name="grpo", eps_low=0.2, eps_high=0.2, kl_coef=0.0, loss_agg="token_mean",
-                adv_normalize_std=False, grad_clip=None, tis_cap=None, tis_level="token",
-                asymre_dv=-0.1)  # fmt: skip
-    return SimpleNamespace(**{**base, **kw})
+def _algo(name: str = "grpo", **kw):
+    """The node of ``algo=<name>`` with its YAML's defaults, unnormalised advantages, no grad
+    clip, and ``kw``: exactly the loss's schema keys."""
+    base = dict(eps_low=0.2, eps_high=0.2, adv_normalize_std=False, grad_clip=None)
+    return build_node("algo", name, name=name, **{**base, **kw})
 
 
 def _step(algo, batch):
@@ -199,4 +200,4 @@ def test_update_grpo_passes_tis_and_rejects_an_unknown_loss():
     # Names and the AsymRE / normalisation rule are validated once, by resolve()
     # (test_bad_algo_config); a name that reaches the update unvalidated is a KeyError.
     with pytest.raises(KeyError, match="no such loss"):
-        _step(_algo(name="ppo"), batch)
+        _step(SimpleNamespace(**{**vars(_algo()), "name": "ppo"}), batch)
