@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The device check on the lent GPU machine's image as it is (scripts/gpu_check.py: the embedded
-# default and a ~100 M Qwen2 through the train entrypoint on CUDA in bfloat16, ratio, shared-
-# prompt forward, determinism, kill + resume, tokens/s and MFU, the vLLM checks when vllm
-# imports). Capped at 8 minutes in all (GPU_CHECK_CAP_S); exit code 1 if any check failed.
+# The device check on the lent GPU machine's image as it is: `pytest -m gpu
+# tests/gpu/test_gpu_check.py` (the embedded default and a ~100 M Qwen2 through the train
+# entrypoint on CUDA in bfloat16, ratio, shared-prompt forward, determinism, kill + resume,
+# tokens/s and MFU, the async runtime, the vLLM checks when vllm imports). Capped at 8 minutes
+# in all (GPU_CHECK_CAP_S=480; a shorter cap, e.g. 330, leaves device time for a rerun); exit
+# code 1 if any check failed.
 #
-#   bash scripts/gpu_check.sh [--kit DIR] [gpu_check.py args, e.g. --device cpu]
+#   bash scripts/gpu_check.sh [--kit DIR] [--device cuda|cpu] [--steps N] [--skip-vllm]
+#                             [--keep DIR] [pytest args, e.g. -k resume]
 #
 # Stage 0 prints versions and CUDA facts only (seconds: a broken image fails here, cheaply).
 # Stage 1 installs the carry kit (scripts/build_gpu_kit.py: the pure-Python wheels the image
 # lacks; default DIR .gpu_kit) with `pip install --no-index --no-deps --target` into a temporary
 # folder and puts it and this CHECKOUT on PYTHONPATH (the project is never installed), then
-# checks that replay_exp imports from outside the checkout. Stage 2 runs the checks; when $OUT
-# is set they are written to $OUT/gpu_check.json.
+# checks that replay_exp imports from outside the checkout. Stage 2 runs the checks (pytest,
+# from the image: the kit does not carry it), one test each, PASS / FAIL / SKIP with their
+# numbers; when $OUT is set they are written to $OUT/gpu_check.json. The options become the
+# GPU_CHECK_* settings of tests/gpu/conftest.py (--device defaults to cuda: no GPU is a FAIL).
 #   PYTHON="python3"   the interpreter (words allowed: PYTHON="python3 -S")
 #   PIP="python3 -m pip"   what installs the kit (default: $PYTHON -m pip)
 set -uo pipefail
@@ -24,10 +29,19 @@ CAP=${GPU_CHECK_CAP_S:-480}
 START=$SECONDS
 say() { echo "gpu_check: $*"; }
 kit=$ROOT/.gpu_kit
-if [ "${1:-}" = --kit ]; then
-  kit=$2
-  shift 2
-fi
+device=cuda
+pytest_args=()
+unset GPU_CHECK_STEPS GPU_CHECK_KEEP GPU_CHECK_SKIP_VLLM
+while [ $# -gt 0 ]; do
+  case $1 in
+    --kit) kit=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    --steps) export GPU_CHECK_STEPS=$2; shift 2 ;;
+    --skip-vllm) export GPU_CHECK_SKIP_VLLM=1; shift ;;
+    --keep) export GPU_CHECK_KEEP=$2; shift 2 ;;
+    *) pytest_args+=("$1"); shift ;;
+  esac
+done
 case $kit in /*) ;; *) kit=$ROOT/$kit ;; esac
 
 say "stage 0: versions"
@@ -64,22 +78,30 @@ fi
 export PYTHONPATH="$work/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # Every model is a local folder; the lent machine reaches no hub (never wait for one).
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
-# From outside the checkout: replay_exp must come from PYTHONPATH, hydra from the kit or image.
-(cd "$work" && "${PY[@]}" -c 'import hydra, omegaconf, replay_exp.train as t; print("replay_exp from", t.__file__)') ||
+# From outside the checkout: replay_exp must come from PYTHONPATH, hydra from the kit or image,
+# pytest from the image.
+(cd "$work" && "${PY[@]}" -c 'import hydra, omegaconf, pytest, replay_exp.train as t; print("replay_exp from", t.__file__)') ||
   { say "FAIL: the project does not import with the kit"; exit 1; }
 
 left=$((CAP - (SECONDS - START)))
-args=("$@")
+export GPU_CHECK_DEVICE=$device GPU_CHECK_BUDGET_S=$((left - 25))
 if [ -n "${OUT:-}" ]; then
-  args+=(--json "$OUT/gpu_check.json")
+  export GPU_CHECK_JSON=$OUT/gpu_check.json
+else
+  unset GPU_CHECK_JSON
 fi
 say "stage 2: checks (${left} s left of ${CAP} s)"
 cd "$work" || exit 1
-timeout --signal=TERM --kill-after=15 "$left" \
-  "${PY[@]}" "$ROOT/scripts/gpu_check.py" --budget-s $((left - 25)) "${args[@]}"
+# -p no:cacheprovider and no byte code: nothing is written into the checkout.
+PYTHONDONTWRITEBYTECODE=1 timeout --signal=TERM --kill-after=15 "$left" \
+  "${PY[@]}" -m pytest -m gpu -v -s -p no:cacheprovider --rootdir "$ROOT" \
+  "$ROOT/tests/gpu/test_gpu_check.py" "${pytest_args[@]}"
 rc=$?
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   say "FAIL: the cap of ${CAP} s was reached"
+  rc=1
+elif [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
+  say "FAIL: pytest exited with $rc (2: interrupted, 3: internal error, 4: usage, 5: no tests)"
   rc=1
 fi
 exit "$rc"

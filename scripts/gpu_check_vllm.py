@@ -1,6 +1,6 @@
 """The GPU check of the vllm backend (``generation=vllm``): one short script, each check
 reported PASS/FAIL with its timing, exit code 1 if any failed. The device check
-(scripts/gpu_check.py) runs it as its ``vllm`` stage when ``import vllm`` works.
+(tests/gpu/test_gpu_check.py) runs it as its ``vllm`` check when ``import vllm`` works.
 
     python scripts/gpu_check_vllm.py                 # on one GPU
     python scripts/gpu_check_vllm.py --device cpu    # the same on the CPU build (.venv-vllm)

@@ -11,8 +11,8 @@ byte-level BPE tokenizer (trained here, deterministically, on a small built-in t
 Qwen-style special tokens and a ChatML chat template. Any text encodes (bytes fall back to the
 256 byte tokens), so real dataset prompts work; the model's weights are random, so it writes
 noise. Used by the hub-style loading tests, the CPU end-to-end math run in docs/real-models.md,
-``scripts/gpu_check.py`` (no weights are reachable there either) and, at Qwen3-0.6B's full
-width (:data:`QWEN3_0_6B`), ``bench/qwen3_width.py``.
+the device check ``tests/gpu/test_gpu_check.py`` (no weights are reachable there either) and,
+at Qwen3-0.6B's full width (:data:`QWEN3_0_6B`), ``bench/qwen3_width.py``.
 """
 
 from __future__ import annotations
