@@ -340,9 +340,17 @@ def test_a_renamed_node_is_refused():
     )
 
 
-def test_yaml_is_valid():
-    for path in CONF.rglob("*.yaml"):
-        yaml.safe_load(path.read_text())
+def test_every_yaml_is_a_mapping_without_duplicate_keys():
+    """A key written twice in one YAML: yaml.safe_load keeps the last, silently; OmegaConf's
+    loader (Hydra's) refuses it. Every YAML under conf/ and sweeps/ (``YAMLS``: the shared
+    ``_base`` files and the sweep files too, which the compose tests above load only through
+    an option or not at all) loads with it, to a non-empty mapping."""
+    with pytest.raises(yaml.constructor.ConstructorError, match="found duplicate key"):
+        OmegaConf.create("a: 1\nb: 2\na: 3\n")  # what safe_load would read as {a: 3, b: 2}
+    assert len(YAMLS) > 50
+    for path in YAMLS:
+        node = OmegaConf.load(path)
+        assert OmegaConf.is_dict(node) and len(node) > 0, f"{path}: not a mapping of keys"
 
 
 def test_unknown_key_fails_at_compose_time():
