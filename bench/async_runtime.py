@@ -1,7 +1,7 @@
 """The real asynchronous runtime against its emulation at the same (W, T) (run by hand).
 
     python bench/async_runtime.py [--steps 60] [--splits 1,1 1,2 2,1] [--in-flight 1 4]
-                                  [--out FILE.json]
+                                  [--out FILE.json] [--smoke]
 
 For each split (W generator processes, T trainer processes) it runs the embedded default twice
 through the one entrypoint, both with buffer=fifo, N = 512, B = 64, G = 8, evaluation only at
@@ -20,7 +20,8 @@ buffer_telemetry.json, steps per second over the training loop (startup excluded
 runtime's weight pushes and skipped pushes, and the trainer rank 0's seconds waiting for data.
 
 On this 2-core machine W + T > 2 processes share the cores; the timings then measure that
-sharing, which the report says. Nothing here is a test.
+sharing, which the report says. Nothing here is a test; ``--smoke`` (3 steps, split (1,1),
+one queue depth, 8 held-out problems: under a minute) only checks that it all runs.
 """
 
 from __future__ import annotations
@@ -78,10 +79,15 @@ def _steps_per_second(rows: list[dict]) -> float:
     return float(rows[-1]["runtime/steps_per_second"])
 
 
-def _compare(W: int, T: int, k: int, steps: int, tmp: Path) -> dict:
-    """The real run at (W, T) and queue depth k, then its emulation at the measured cost ratio."""
+# ``--smoke``: a held-out split of 8 problems (after COMMON's, so these win).
+SMOKE = ["task.n_eval=8", "eval.sampled_problems=4"]
+
+
+def _compare(W: int, T: int, k: int, steps: int, tmp: Path, extra: list[str]) -> dict:
+    """The real run at (W, T) and queue depth k, then its emulation at the measured cost ratio;
+    ``extra``: overrides of both runs."""
     sched = [f"schedule.workers={W}", f"schedule.trainers={T}", f"buffer.shards={T}",
-             f"schedule.max_steps={steps}", f"eval.every={steps}"]  # fmt: skip
+             f"schedule.max_steps={steps}", f"eval.every={steps}", *extra]  # fmt: skip
     real = _run(["runtime=distributed", f"runtime.max_in_flight={k}", *sched],
                 tmp / f"real_{W}_{T}_{k}")  # fmt: skip
     rt = real["summary"]["runtime"]
@@ -112,13 +118,17 @@ def main() -> None:
     ap.add_argument("--splits", nargs="+", default=["1,1", "1,2", "2,1"])
     ap.add_argument("--in-flight", nargs="+", type=int, default=[1, 4])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="3 steps at (1,1), queue depth 1")
     args = ap.parse_args()
+    extra = []
+    if args.smoke:
+        args.steps, args.splits, args.in_flight, extra = 3, ["1,1"], [1], SMOKE
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for split in args.splits:
             for k in args.in_flight:
                 W, T = (int(v) for v in split.split(","))
-                results.append(_compare(W, T, k, args.steps, Path(tmp)))
+                results.append(_compare(W, T, k, args.steps, Path(tmp), extra))
                 print(json.dumps(results[-1]), flush=True)
     print()
     print("| (W,T) | in flight | reuse real | mu from counts | mu cost ratio | mu T/W | "

@@ -1,6 +1,6 @@
 """Micro-benchmark of the replay buffers at the paper's sizes (run by hand, not a test).
 
-    python bench/buffer_scale.py [--sizes 1000 100000 559872] [--repeats 50]
+    python bench/buffer_scale.py [--sizes 1000 100000 559872] [--repeats 50] [--smoke]
 
 For each (policy, N) it fills a buffer to N with synthetic rollouts of the embedded default's
 widths (prompt + completion as resolved from ``compose([])``), then times at steady state
@@ -9,7 +9,8 @@ rollouts and ``sample`` of B = 64, and measures bytes per stored rollout (everyt
 allocated, numpy and Python objects, via tracemalloc). Next to it: the median time of one
 training step of the embedded default model (warm_start.steps=0: the random init, same cost)
 on a batch of 64 rollouts of the same width (forward, token log-probs, backward, Adam), and
-the ratios buffer time / training-step time.
+the ratios buffer time / training-step time. ``--smoke`` (N = 1,000, 3 repeats: seconds) only
+checks that it all runs.
 """
 
 from __future__ import annotations
@@ -125,8 +126,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000, 559_872])
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--smoke", action="store_true", help="N = 1,000 only, 3 repeats")
     args = ap.parse_args()
-    t_train, P, C = train_step_us()
+    if args.smoke:
+        args.sizes, args.repeats = [1_000], 3
+    t_train, P, C = train_step_us(min(5, args.repeats))
     print(
         f"embedded default: one training step on B={B} rollouts of width {P}+{C} tokens "
         f"(forward + backward + Adam, {torch.get_num_threads()} threads): {t_train / 1e3:.1f} ms"

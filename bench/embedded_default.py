@@ -1,6 +1,6 @@
 """Benchmark of the README's main command on the embedded default (run by hand).
 
-    python bench/embedded_default.py [--seeds 0 1 2] [--extra key=value ...]
+    python bench/embedded_default.py [--seeds 0 1 2] [--extra key=value ...] [--smoke]
 
 Runs ``python -m replay_exp.train seed=S`` once per seed, as a user would, and prints per seed:
 wall seconds of the whole command, held-out pass@1 of the warm-start model (step 0) and of the
@@ -9,6 +9,8 @@ cache: with the shipped warm start (the default) nothing is trained and every se
 same thing; with a recipe that is not shipped (``--extra model.warm_start.shipped=false``) the
 supervised phase runs in the first seed's command (a cold start) and later seeds reuse it.
 Ends with the medians over seeds. ``bench/calibrate_testbed.py`` checks the testbed's criteria.
+``--smoke`` (seed 0 only, ``debug=smoke``: 3 steps, 8 held-out problems; seconds) only checks
+that it all runs.
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ import tempfile
 import time
 from pathlib import Path
 
+# ``--smoke``: 3 steps (conf/debug/smoke.yaml), evaluated on 8 held-out problems.
+SMOKE = ["debug=smoke", "eval.n_problems=8", "eval.sampled_problems=8"]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--extra", nargs="*", default=[], help="extra overrides for every run")
+    ap.add_argument("--smoke", action="store_true", help="seed 0, 3 steps, 8 held-out problems")
     args = ap.parse_args()
+    if args.smoke:
+        args.seeds, args.extra = [0], [*SMOKE, *args.extra]
     work = Path(tempfile.mkdtemp(prefix="replay-exp-bench-"))
     cache = work / "cache"
     rows = []

@@ -4,6 +4,7 @@
                                    [--variants sigma=0 sigma=1 in_flight=1 in_flight=16
                                     sync_every=4 load_cost=41 load_cost=164]
                                    [--merge runs.json] [--label TEXT] [--out DIR] [--replot]
+                                   [--smoke]
 
 The paper's 8-GPU node split into W generators and T trainers, run for real
 (``runtime=distributed``: W + T processes, threads=1 each) with the generators' calls lasting
@@ -32,7 +33,9 @@ ratio for mu, its trainers' busy share and its load cost, mu' T / W x busy x (1 
 
 On 2 cores the W + T = 8 processes share the machine; the model's sleeps scale with the
 trainers' measured seconds per sample, so the ratios hold under that sharing (the realised
-cost ratio column says how well). Nothing here is a test.
+cost ratio column says how well). Nothing here is a test; ``--smoke`` (the baseline at mu 6.84
+and (W,T) = (1,1) for 4 steps, 8 held-out problems: under a minute) only checks that it all runs
+(its second-half reuse may read nan: no generator call lands in so few steps).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from async_runtime import _off_policiness, _run  # bench/ is the script's directory
+from async_runtime import SMOKE, _off_policiness, _run  # bench/ is the script's directory
 
 B, G, N = 96, 8, 960
 BASE = {"sigma": 0.5, "in_flight": 4, "sync_every": 1, "load_cost": 0.0}
@@ -76,13 +79,16 @@ def steady_reuse(rows: list[dict]) -> float:
     return trained / received if received else float("nan")
 
 
-def one(mu: float, W: int, T: int, causes: dict, variant: str, steps: int, tmp: Path) -> dict:
+def one(
+    mu: float, W: int, T: int, causes: dict, variant: str, steps: int, tmp: Path, extra: list[str]
+) -> dict:
+    """One run of the real runtime (``extra``: more overrides) and what it measured."""
     overrides = [
         "runtime=distributed", "runtime.generation_cost=modelled", f"compute.mu={mu}",
         f"schedule.workers={W}", f"schedule.trainers={T}", f"buffer.shards={T}",
         f"schedule.batch_size={B}", f"algo.group_size={G}", f"buffer.capacity={N}",
         f"schedule.max_steps={steps}", f"eval.every={steps}", "logger.diagnostics=false",
-        *(f"{KEYS[k]}={v}" for k, v in causes.items()),
+        *(f"{KEYS[k]}={v}" for k, v in causes.items()), *extra,
     ]  # fmt: skip
     name = f"mu{mu}_{W}_{T}_{variant.replace(',', '+').replace('=', '')}"
     run = _run(overrides, tmp / name)
@@ -206,7 +212,11 @@ def main() -> None:
     ap.add_argument("--label", default="", help="recorded with each run of this launch")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--replot", action="store_true", help="only redraw --merge's runs")
+    ap.add_argument("--smoke", action="store_true", help="the baseline at (1,1), 4 steps")
     args = ap.parse_args()
+    extra = []
+    if args.smoke:
+        args.steps, args.mu, args.splits, args.variants, extra = 4, [6.84], ["1,1"], [], SMOKE
     if args.replot:
         results = json.loads(args.merge.read_text())
         (args.out / "table.md").write_text(table(results) + "\n")
@@ -218,7 +228,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for mu, W, T, causes, variant in plan:
-            results.append(one(mu, W, T, causes, variant, args.steps, Path(tmp)))
+            results.append(one(mu, W, T, causes, variant, args.steps, Path(tmp), extra))
             results[-1]["run_batch"] = args.label
             print(json.dumps(results[-1]), flush=True)
     if args.merge:

@@ -1,6 +1,7 @@
 """Sweep throughput on this machine: the same study runs through two launchers (run by hand).
 
     python bench/sweep_throughput.py [--sweep fig4_lr_pareto_tiny] [--params ...] [--out DIR]
+                                     [--smoke]
 
 A study is hundreds of runs of the study length (``sweeps/_tiny_base.yaml``: 1000 paper
 units). This launches the same runs (default: on-policy at lr 6e-5, seeds 0-3 of
@@ -14,7 +15,8 @@ units). This launches the same runs (default: on-policy at lr 6e-5, seeds 0-3 of
 It prints each launcher's wall time, runs per hour and the final held-out pass@1 of every run
 under both (the thread count changes float reduction order, so the two sets of numbers may
 differ slightly; each is deterministic on its own). Needs SLURM up for part 2 (else it says so
-and measures part 1 only).
+and measures part 1 only). ``--smoke`` launches one run (seed 0) of 3 paper units with 8 held-out
+problems through each launcher: it only checks that it all runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import time
 from pathlib import Path
 
 PARAMS = ["experiment=on_policy", "algo.lr=6e-5", "seed=0,1,2,3"]
+# ``--smoke``: one run of 3 paper units (3 on-policy steps), evaluated on 8 held-out problems.
+SMOKE = ["experiment=on_policy", "algo.lr=6e-5", "seed=0", "schedule.max_compute=3",
+         "eval.every=3", "eval.n_problems=8", "eval.sampled_problems=8"]  # fmt: skip
 
 
 def launch(out: Path, sweep: str, params: list[str], launcher: list[str]) -> float:
@@ -63,7 +68,10 @@ def main() -> None:
     ap.add_argument("--slurm-root", type=Path, default=None,
                     help="output_root of the SLURM launch (e.g. runs, to keep its runs for the "
                          "study; default: under --out)")  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help="one run of 3 paper units")
     args = ap.parse_args()
+    if args.smoke:
+        args.params = SMOKE
     out = args.out or Path(tempfile.mkdtemp(prefix="throughput_"))
     print(f"runs in {out}; sweep {args.sweep} {' '.join(args.params)}", flush=True)
     launchers = {
