@@ -24,7 +24,7 @@ from replay_exp.runlog import LOGGERS, WANDB_MODES
 from replay_exp.tasks import TASKS
 
 # The registry that owns each group's option names (OPTION_SCHEMAS must list the same names;
-# tests/config/test_config.py checks).
+# tests/test_config.py checks).
 REGISTRIES: dict[str, Any] = {
     "task": TASKS,
     "buffer": BUFFERS,

@@ -2,7 +2,7 @@
 
 The YAML files under ``conf/`` hold every default and its documentation; these dataclasses hold
 only names and types (every field is ``MISSING``), so a typo or a wrong type fails at compose
-time and there is no second default to disagree with the YAML (``tests/config/test_config.py``
+time and there is no second default to disagree with the YAML (``tests/test_config.py``
 checks). Options with knobs of their own have their own schema, a subclass of the group's base:
 a key that an option does not use is not in its schema, so setting it fails at compose time
 (``buffer.delta`` on ``buffer=fifo``, ``algo.tis_cap`` on ``algo=asymre``, ...).

@@ -30,7 +30,7 @@ OPTIONS = [
 ]
 
 
-GSM8K = Path(__file__).parents[1] / "fixtures" / "math" / "gsm8k.jsonl"
+GSM8K = Path(__file__).parent / "fixtures" / "math" / "gsm8k.jsonl"
 MATH_FIXTURE = {"gsm8k": "gsm8k.jsonl", "math": "math500.jsonl", "openr1_math": "openr1.parquet"}
 VLLM = importlib.util.find_spec("vllm") is not None
 
