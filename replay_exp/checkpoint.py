@@ -10,8 +10,11 @@ Layout under ``run_dir/checkpoints/``::
     .tmp_*                a snapshot being written; never read, removed by the next save
 
 A component is anything with ``state_dict()`` / ``load_state_dict(state)`` (modules, optimizers,
-buffers, the ledger, :class:`RNGState`, :class:`GeneratorState`, ...); the trainer registers
-them by name in one dict, so new state is one more entry.
+buffers, the ledger, :class:`RNGState`, :class:`GeneratorState`, ...), registered by name with
+a :class:`Checkpointer`. A run's snapshot has the same components in both runtimes
+(:data:`RUN_LAYOUT`, written and read by :class:`RunSnapshots`): ``policy.pt``,
+``optimizer.pt``, ``buffers.pt``, ``ledgers.pt`` and ``source.pt``; meta.json's trainer state
+holds the eval dicts and the runtime's counters.
 
 Write (:meth:`Checkpointer.save`): every file goes into a fresh temp dir inside ``checkpoints/``
 and is fsynced, then the dir is renamed to ``step_XXXXXX`` and ``latest`` is replaced
@@ -39,7 +42,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -280,12 +283,90 @@ class Checkpointer:
         for cname, obj in self.components.items():
             try:
                 obj.load_state_dict(snapshot.states[cname])
-            except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            except (KeyError, IndexError, ValueError, RuntimeError, TypeError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise CheckpointError(
                     f"{snapshot.path / (cname + '.pt')} does not fit this run's {cname}: {first}"
                 ) from e
         return snapshot.trainer
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's snapshot: one layout for both runtimes.
+# ---------------------------------------------------------------------------------------------
+
+# The components of a run's snapshot (a file <name>.pt each), in process and under
+# runtime=distributed alike; meta.json adds first_eval, last_eval and ``runtime`` (the
+# runtime's JSON counters: in process the weight syncs, distributed the replica checks and the
+# node's seconds).
+RUN_LAYOUT = {
+    "policy": "the policy's full weights (unwrapped; under fsdp gathered from the shards)",
+    "optimizer": "the optimizer's full state (under fsdp gathered from the shards)",
+    "buffers": "[each trainer's replay buffer (its shard)], by trainer rank: one in process",
+    "ledgers": "[each trainer's compute ledger], by trainer rank: one in process",
+    "source": "where the next rollouts come from. In process: the generation backend (its "
+    "version, and its weights when it keeps a private copy), the weight history of a sync lag "
+    "and the global random streams. Distributed: per generator the index of its next batch, "
+    "and per trainer the rollouts received from each generator",
+}
+PER_TRAINER = ("buffers", "ledgers")
+
+
+class _Slot:
+    """A component of a run's snapshot: the value handed to :meth:`RunSnapshots.save`, and on
+    restore the function that loads its state."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.load: Callable[[Any], Any] | None = None
+
+    def state_dict(self) -> Any:
+        return self.value
+
+    def load_state_dict(self, state: Any) -> None:
+        self.load(state)
+
+
+class RunSnapshots:
+    """The snapshots of a run (``run_dir/checkpoints``) in the one layout of
+    :data:`RUN_LAYOUT`, covering the run's ``log_files`` (``runlog.LOG_FILES``: fsynced
+    first). A runtime hands :meth:`save` the values (trainer rank 0 gathers every trainer's
+    first) and :meth:`restore` a loader per component."""
+
+    def __init__(self, run_dir: str | Path, keep: int, log_files: Iterable[str]):
+        run_dir = Path(run_dir)
+        self.slots = {name: _Slot() for name in RUN_LAYOUT}
+        self.checkpointer = Checkpointer(
+            run_dir / "checkpoints", self.slots, keep=keep,
+            sync_files=[run_dir / name for name in log_files],
+        )  # fmt: skip
+
+    def save(self, step: int, values: dict[str, Any], **trainer_state: Any) -> Path:
+        """Snapshot ``values`` (one per component of :data:`RUN_LAYOUT`) at ``step``, with
+        ``trainer_state`` (JSON values) in meta.json."""
+        if sorted(values) != sorted(RUN_LAYOUT):
+            raise ValueError(f"a run's snapshot holds {sorted(RUN_LAYOUT)}, got {sorted(values)}")
+        for name, slot in self.slots.items():
+            slot.value = values[name]
+        try:
+            return self.checkpointer.save(step, **trainer_state)
+        finally:
+            for slot in self.slots.values():
+                slot.value = None
+
+    def restore(self, snapshot: Snapshot, rank: int, **load: Callable[[Any], Any]) -> dict:
+        """Hand each component's state to ``load[name]``, in the layout's order: of
+        ``buffers`` and ``ledgers`` the entry of trainer ``rank`` (0 in process). Returns the
+        trainer state (the eval dicts, ``runtime``). A state that does not fit is a
+        :class:`CheckpointError` naming its file."""
+        for name, slot in self.slots.items():
+            fn = load[name]
+            slot.load = (lambda states, fn=fn: fn(states[rank])) if name in PER_TRAINER else fn
+        try:
+            return self.checkpointer.restore(snapshot)
+        finally:
+            for slot in self.slots.values():
+                slot.load = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,8 +47,7 @@ from replay_exp.config.schemas import EVAL_UNITS
 from replay_exp.config.seeding import derive_seed
 from replay_exp.eval.evaluate import encode_details, evaluate
 from replay_exp.models import load_policy
-from replay_exp.rollout import HFGenerator
-from replay_exp.rollout.collect import prompt_lengths
+from replay_exp.models.build import BuiltPolicy, build_evaluator, build_policy
 from replay_exp.runlog import (
     MetricsWriter,
     format_eval,
@@ -60,7 +59,6 @@ from replay_exp.runlog import (
 from replay_exp.runtime.accounting import account
 from replay_exp.runtime.base import Arrival, Runtime
 from replay_exp.runtime.schedule import Every, OnGrid
-from replay_exp.tasks import make_task
 from replay_exp.update import policy_update
 
 log = logging.getLogger("replay_exp")
@@ -72,12 +70,8 @@ class Parts:
     trainer rank of ``runtime=distributed``. ``logger``, ``details_log`` and ``evaluator``
     exist on the lead (the one process, or trainer rank 0) only."""
 
-    task: Any
-    tokenizer: Any
-    chat: bool
-    source: str  # where the policy's weights came from (load_policy)
-    plain: torch.nn.Module  # the policy, unwrapped (what is evaluated, saved, pushed)
-    model: torch.nn.Module  # what the update trains: ``plain``, or its DDP / FSDP wrapper
+    built: BuiltPolicy  # task, tokenizer, policy (unwrapped: what is evaluated, saved, pushed)
+    model: torch.nn.Module  # what the update trains: ``built.policy``, or its DDP / FSDP wrapper
     ref_model: torch.nn.Module | None  # frozen initial policy, for algo.kl_coef > 0
     optimizer: torch.optim.Optimizer
     buffer: Any  # the replay buffer, or this trainer rank's shard of it
@@ -99,27 +93,28 @@ def build_parts(
     policy_state: dict | None = None,
     wrap: Any = None,
 ) -> Parts:
-    """The trainer's parts: the policy (``loaded``: an already loaded (policy, tokenizer,
-    source); ``policy_state``: weights to start from), the frozen reference, the optimizer,
-    the buffer (a rank's shard of N/T), the ledger, the logger, the evaluator.
+    """The trainer's parts: the task and the policy (``models.build.build_policy``;
+    ``loaded``: an already loaded (policy, tokenizer, origin); ``policy_state``: weights to
+    start from), the frozen reference, the optimizer, the buffer (a rank's shard of N/T), the
+    ledger, the logger, the evaluator.
 
     ``rank``: the trainer rank of ``runtime=distributed`` (None: the one process), which seeds
     its own torch and buffer streams; ``wrap(policy) -> (model, eval_model)`` makes the
     data-parallel module and the copy that rank 0 evaluates (None: the policy itself)."""
-    a, g = cfg.algo, cfg.generation
+    a = cfg.algo
     lead = not rank
     tags = () if rank is None else (rank,)
-    task = make_task(cfg.task)
-    policy, tokenizer, source = loaded or load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
+    built = build_policy(cfg, d, loaded=loaded)
+    policy = built.policy
     if lead:
-        log.info("policy: %s (%s)", cfg.model.name, source)
-    chat = bool(cfg.model.chat_template)
-    dropped = task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
-    if dropped and lead:
-        log.warning("dropped %d problems longer than %d prompt tokens", dropped, d.max_prompt_len)
+        log.info("policy: %s (%s)", cfg.model.name, built.origin)
+    if built.dropped and lead:
+        log.warning(
+            "dropped %d problems longer than %d prompt tokens", built.dropped, d.max_prompt_len
+        )
     ref_model = None
     if a.kl_coef > 0:  # every trainer rank holds its own frozen copy
-        ref_model = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)[0].eval()
+        ref_model = load_policy(cfg.model, cfg.task, built.task, d.device, d.dtype)[0].eval()
     if policy_state is not None:
         policy.load_state_dict(policy_state)
     torch.manual_seed(derive_seed(cfg.seed, "torch", *tags))
@@ -141,9 +136,8 @@ def build_parts(
         hidden=policy.config.hidden_size,
     )
     parts = Parts(
-        task=task, tokenizer=tokenizer, chat=chat, source=source, plain=policy, model=model,
-        ref_model=ref_model, optimizer=optimizer, buffer=buffer, ledger=ledger,
-        eval_problems=task.eval_problems()[: cfg.eval.n_problems], lead=lead,
+        built=built, model=model, ref_model=ref_model, optimizer=optimizer, buffer=buffer,
+        ledger=ledger, eval_problems=built.task.eval_problems()[: cfg.eval.n_problems], lead=lead,
     )  # fmt: skip
     if lead:
         # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
@@ -153,12 +147,8 @@ def build_parts(
         parts.details_log = MetricsWriter(run_dir / "eval_details.jsonl")
         # Evaluation samples the trainer's weights with the hf backend, whatever generates the
         # rollouts (a vllm generator's engine lives in another process under
-        # runtime=distributed); its settings are the hf defaults then.
-        hf = g.backend == "hf"
-        parts.evaluator = HFGenerator(
-            eval_model, tokenizer.pad_token_id, tokenizer.eos_token_id,
-            chunk_size=g.chunk_size if hf else 512, sampler=g.sampler if hf else "cached_loop",
-        )  # fmt: skip
+        # runtime=distributed).
+        parts.evaluator = build_evaluator(cfg.generation, eval_model, built.tokenizer)
     return parts
 
 
@@ -198,12 +188,12 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             # samples under the sync schedule, the emulated arrivals under async), or what the
             # generator ranks delivered; the async ones may bring nothing at some steps.
             arrivals = rt.take(step, wait=len(p.buffer) == 0)
-            store(p, arrivals, step)
+            add_arrivals(p, arrivals, step)
             while rt.can_wait and must_wait(cfg.buffer, p.buffer, step):
                 more = rt.take(step, wait=True)  # blocks for a generator's next delivery
                 if not more:  # a generator died: stop_now tells every trainer
                     break
-                store(p, more, step)
+                add_arrivals(p, more, step)
                 arrivals += more
             if rt.stop_now(step):  # a generator rank died: every trainer snapshots and stops
                 stopped_at = step
@@ -263,7 +253,7 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
     return finish(cfg, d, run_dir, p, rt, stopped_at, first_eval, last_eval, led)
 
 
-def store(p: Parts, arrivals: list[Arrival], step: int) -> None:
+def add_arrivals(p: Parts, arrivals: list[Arrival], step: int) -> None:
     """Charge each arrival's generation to the ledger and add it to the buffer."""
     for fresh in arrivals:
         b, tokens = fresh.batch, int(fresh.batch.completion_mask_BxC.sum())
@@ -314,8 +304,8 @@ def run_eval(cfg, d: Derived, p: Parts, rt: Runtime, step: int, led: Ledger) -> 
     with rt.paused():  # the node stands still while it is evaluated
         generator, model = rt.evaluator(step)
         out, details = evaluate(
-            generator, model, p.tokenizer, p.task, p.eval_problems, cfg.eval, d.max_new_tokens,
-            derive_seed(cfg.seed, "eval", step), chat=p.chat,
+            generator, model, p.built.tokenizer, p.built.task, p.eval_problems, cfg.eval,
+            d.max_new_tokens, derive_seed(cfg.seed, "eval", step), chat=p.built.chat,
             micro_batch_size=cfg.algo.micro_batch_size,
         )  # fmt: skip
     p.ledger.add_eval(time.perf_counter() - t0)
@@ -366,7 +356,7 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
     final_step = d.total_steps if stopped_at is None else stopped_at
     if stopped_at is not None:
         rt.save(stopped_at, first_eval=first_eval, last_eval=last_eval)
-    ended = rt.finish(final_step, partial(store, p))  # gathered on the lead; a collective
+    ended = rt.finish(final_step, partial(add_arrivals, p))  # gathered on the lead; a collective
     led = rt.node_ledger()
     final_model = rt.final_model() if cfg.save_final_model and stopped_at is None else None
     if not p.lead:
@@ -399,7 +389,7 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
     rt.close()
     if final_model is not None:
         final_model.save_pretrained(run_dir / "final_model")
-        p.tokenizer.save_pretrained(run_dir / "final_model")
+        p.built.tokenizer.save_pretrained(run_dir / "final_model")
     # Last and atomic: "finished" means everything above is on disk (relaunches skip the run).
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     log.info("done: %s", format_eval(last_eval))

@@ -26,6 +26,11 @@ from typing import Any
 
 log = logging.getLogger("replay_exp")
 
+# The rows a run appends to its directory: metrics (the source of truth) and the per-problem
+# evaluation details. A snapshot covers them (fsynced before it is committed); a resume cuts
+# them back to its step, a fresh start removes them.
+LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")
+
 
 def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):

@@ -34,7 +34,8 @@ from replay_exp.config.errors import ConfigError, RunStopped
 from replay_exp.config.schemas import register_configs
 from replay_exp.loop import build_parts, train
 from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
-from replay_exp.runtime.inprocess import LOG_FILES, InProcess
+from replay_exp.runlog import LOG_FILES
+from replay_exp.runtime.inprocess import InProcess
 from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
 
 log = logging.getLogger("replay_exp")

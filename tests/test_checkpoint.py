@@ -16,10 +16,12 @@ import torch
 from replay_exp import checkpoint as ck
 from replay_exp.buffer import make_buffer
 from replay_exp.checkpoint import (
+    RUN_LAYOUT,
     Checkpointer,
     CheckpointError,
     GeneratorState,
     RNGState,
+    RunSnapshots,
     SnapshotWarning,
     load_latest,
 )
@@ -181,6 +183,65 @@ def test_restore_names_missing_components(tmp_path):
         Checkpointer(tmp_path, {"a": Counter(), "schedule": Counter()}).restore(
             load_latest(tmp_path)
         )
+
+
+# ------------------------------------------------------------------- a run's one snapshot layout
+
+
+def _run_values(n_trainers: int, step: int) -> dict:
+    """A run's snapshot values as a runtime hands them over (one shard per trainer)."""
+    c = _components(seed=step)
+    _advance(c, step)
+    return {
+        "policy": c["policy"].state_dict(),
+        "optimizer": c["optimizer"].state_dict(),
+        "buffers": [c["buffer"].state_dict() for _ in range(n_trainers)],
+        "ledgers": [
+            Ledger(mu=2.0, batch_size=4 + t, n_params=15, n_layers=1, hidden=4).state_dict()
+            for t in range(n_trainers)
+        ],
+        "source": {"next_batch": {0: 3}, "received": {t: {0: 8} for t in range(n_trainers)}},
+    }
+
+
+@pytest.mark.parametrize("n_trainers", [1, 2], ids=["inprocess", "distributed"])
+def test_run_snapshot_has_one_layout_and_restores_each_trainers_entry(tmp_path, n_trainers):
+    logs = tmp_path / "metrics.jsonl"
+    logs.write_text('{"step": 0}\n')
+    snaps = RunSnapshots(tmp_path, keep=2, log_files=["metrics.jsonl"])
+    values = _run_values(n_trainers, step=2)
+    snaps.save(2, values, first_eval=None, last_eval={"eval/pass@1": 0.5}, runtime={"n": 1})
+    step_dir = tmp_path / "checkpoints" / "step_000002"
+    assert sorted(p.name for p in step_dir.glob("*.pt")) == sorted(f"{n}.pt" for n in RUN_LAYOUT)
+    assert all(slot.value is None for slot in snaps.slots.values())  # nothing held after a save
+
+    got = {}
+    for rank in range(n_trainers):  # each trainer loads its own buffer and ledger entry
+        trainer = RunSnapshots(tmp_path, 2, ["metrics.jsonl"]).restore(
+            load_latest(tmp_path / "checkpoints"), rank,
+            **{name: (lambda s, name=name, rank=rank: got.__setitem__((name, rank), s))
+               for name in RUN_LAYOUT},
+        )  # fmt: skip
+        assert trainer == {"first_eval": None, "last_eval": {"eval/pass@1": 0.5},
+                           "runtime": {"n": 1}}  # fmt: skip
+        assert _equal(got["ledgers", rank], values["ledgers"][rank])
+        assert _equal(got["buffers", rank], values["buffers"][rank])
+        assert _equal(got["policy", rank], values["policy"])
+        assert got["source", rank] == values["source"]
+
+
+def test_run_snapshot_refuses_other_components_and_names_a_state_that_does_not_fit(tmp_path):
+    snaps = RunSnapshots(tmp_path, keep=2, log_files=[])
+    with pytest.raises(ValueError, match=r"holds \['buffers', 'ledgers', 'optimizer'"):
+        snaps.save(0, {"policy": {}})
+    snaps.save(0, _run_values(1, step=0), first_eval=None, last_eval={})
+    snap = load_latest(tmp_path / "checkpoints")
+    noop = {name: (lambda s: None) for name in RUN_LAYOUT}
+    with pytest.raises(CheckpointError, match=r"buffers\.pt does not fit this run's buffers"):
+        snaps.restore(snap, 1, **noop)  # a trainer rank the snapshot has no shard for
+    policy = torch.nn.Linear(5, 3)  # another shape than the saved Linear(4, 3)
+    with pytest.raises(CheckpointError, match=r"policy\.pt does not fit this run's policy"):
+        snaps.restore(snap, 0, **{**noop, "policy": policy.load_state_dict})
 
 
 # ------------------------------------------------------------------------------ atomic writes

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from replay_exp.checkpoint import RUN_LAYOUT, load_latest
 from replay_exp.rollout.synthetic import without_wall_clock
 from replay_exp.runlog import read_metrics
 
@@ -86,6 +87,12 @@ def test_killed_run_resumes_to_the_same_metrics(base, variant, request, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     _kill_after_snapshot_past(_command(fast, killed, *variant), tmp_path, killed, step=2)
+    # The one snapshot layout of both runtimes (tests/runtime/test_distributed.py): one
+    # buffer and one ledger in process.
+    snap = load_latest(killed / "checkpoints")
+    assert sorted(snap.states) == sorted(RUN_LAYOUT)
+    assert len(snap.states["buffers"]) == len(snap.states["ledgers"]) == 1
+    assert sorted(snap.states["source"]) == ["generator", "rng", "weight_history"]
     n_rows = len(read_metrics(killed / "metrics.jsonl"))
     assert 0 < n_rows < len(read_metrics(full / "metrics.jsonl"))
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,7 @@ from replay_exp.checkpoint import atomic_write_text
 from replay_exp.config.seeding import derive_seed
 from replay_exp.eval.estimators import encode_details
 from replay_exp.eval.evaluate import evaluate
-from replay_exp.models import load_pretrained
-from replay_exp.rollout import HFGenerator
-from replay_exp.rollout.collect import prompt_lengths
-from replay_exp.tasks import make_task
+from replay_exp.models.build import build_evaluator, build_policy
 
 OUT_NAME = "final_passk.json"
 
@@ -84,25 +80,17 @@ def check_run(run_dir: Path) -> Any:
 def evaluate_run(run_dir: Path, cfg: Any, spec: dict) -> dict:
     """Load ``run_dir/final_model`` and evaluate it with ``spec`` (:func:`settings`)."""
     d = cfg.derived
-    task = make_task(cfg.task)
-    policy, tokenizer = load_pretrained(str(run_dir / "final_model"), d.dtype)
-    policy = policy.to(d.device).eval()
-    chat = bool(cfg.model.chat_template)
-    task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
-    problems = task.eval_problems()[: cfg.eval.n_problems]
+    built = build_policy(cfg, d, weights_dir=run_dir / "final_model")
+    policy = built.policy.eval()
+    problems = built.task.eval_problems()[: cfg.eval.n_problems]
     ecfg = OmegaConf.merge(cfg.eval, {
         "n_samples": spec["n_samples"], "pass_k": spec["pass_k"],
         "sampled_problems": spec["sampled_problems"],
     })  # fmt: skip
-    g = cfg.generation
-    hf = g.backend == "hf"  # as the run's evaluator (replay_exp.loop.build_parts)
-    generator = HFGenerator(
-        policy, tokenizer.pad_token_id, tokenizer.eos_token_id,
-        chunk_size=g.chunk_size if hf else 512, sampler=g.sampler if hf else "cached_loop",
-    )  # fmt: skip
+    evaluator = build_evaluator(cfg.generation, policy, built.tokenizer)  # as the run's own
     metrics, details = evaluate(
-        generator, policy, tokenizer, task, problems, ecfg, d.max_new_tokens, spec["seed"],
-        chat=chat, micro_batch_size=cfg.algo.micro_batch_size,
+        evaluator, policy, built.tokenizer, built.task, problems, ecfg, d.max_new_tokens,
+        spec["seed"], chat=built.chat, micro_batch_size=cfg.algo.micro_batch_size,
     )  # fmt: skip
     return {"settings": spec, "metrics": metrics, **encode_details(details)}
 

@@ -1,5 +1,6 @@
-"""What the one loop (``replay_exp.train.train``) asks of a runtime: where the step's fresh
-rollouts come from, and what is shared between trainer processes.
+"""What the one loop (``replay_exp.loop.train``) asks of a runtime: where the step's fresh
+rollouts come from, and what is shared between trainer processes; and the one generation
+step (:func:`generate_groups`) both sources of rollouts run.
 
 Two runtimes implement it:
 
@@ -13,13 +14,20 @@ Two runtimes implement it:
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from replay_exp.compute.ledger import Ledger
+from replay_exp.config.seeding import derive_seed
+from replay_exp.models.build import BuiltPolicy
+from replay_exp.rollout import SamplingParams
+from replay_exp.rollout.base import Generator
+from replay_exp.rollout.collect import generate_rollouts, with_trainer_logp
 from replay_exp.types import RolloutBatch
 
 
@@ -71,8 +79,9 @@ class Runtime(Protocol):
     def save(self, step: int, **evals: Any) -> None:
         """Snapshot every component (a collective across trainer ranks)."""
 
-    def finish(self, final_step: int, store: Any) -> dict[str, Any]:
-        """Stop the generators, ``store`` what is still in flight; on the lead the counts
+    def finish(self, final_step: int, add_arrivals: Any) -> dict[str, Any]:
+        """Stop the generators, ``add_arrivals`` (charge and buffer) what is still in flight;
+        on the lead the counts
         ``account`` balances, ``generators`` (each generator process's report) and
         ``stopped`` (why the run stopped early)."""
 
@@ -80,3 +89,47 @@ class Runtime(Protocol):
         """The trained policy with its full weights (on the lead; a collective)."""
 
     def close(self) -> None: ...
+
+
+def generate_groups(
+    cfg: Any,
+    d: Any,
+    built: BuiltPolicy,
+    engine: Generator,
+    *,
+    n_groups: int,
+    first_group: int,
+    version: int,
+    seed_tags: tuple,
+    stream: str = "",
+) -> Arrival:
+    """One generation step, the same in process (``runtime/inprocess.py``), on a generator rank
+    (``runtime/generator.py``) and in the noise measurement: ``n_groups`` prompts -> G samples
+    each from ``engine`` -> rewards -> group advantages, frozen now -> behaviour log-probs.
+
+    The prompts are drawn with ``derive_seed(seed, stream + "prompts", *seed_tags)`` and
+    sampled with ``derive_seed(seed, stream + "gen", *seed_tags)``; the groups are numbered
+    from ``first_group`` (rollout uids from ``first_group * G``) and stamped with the policy
+    ``version`` that generated them. Under ``generation.behaviour_logp=trainer`` the stored
+    behaviour log-probs are ``built.policy``'s (the generating weights, in process only);
+    under ``generation.store_trainer_logp`` the engine's stay and the engine mismatch
+    (``built.policy`` minus engine) is stored beside them, and the arrival's stats carry
+    ``behaviour_logp_absdiff_*``."""
+    a, g = cfg.algo, cfg.generation
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(derive_seed(cfg.seed, stream + "prompts", *seed_tags))
+    prompts = built.task.sample_train(rng, n_groups)
+    decoding = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
+    fresh = generate_rollouts(
+        engine, built.tokenizer, built.task, prompts, a.group_size, decoding,
+        seed=derive_seed(cfg.seed, stream + "gen", *seed_tags), step=version,
+        first_uid=first_group * a.group_size, first_group=first_group,
+        normalize_std=a.adv_normalize_std, chat=built.chat,
+    )  # fmt: skip
+    stats = {}
+    if g.behaviour_logp == "trainer" or g.store_trainer_logp:  # the generating weights'
+        use = "behaviour" if g.behaviour_logp == "trainer" else "gap"
+        fresh, stats = with_trainer_logp(
+            built.policy, fresh, g.temperature, use, a.micro_batch_size
+        )
+    return Arrival(fresh, time.perf_counter() - t0, stats)

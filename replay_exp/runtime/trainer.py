@@ -1,12 +1,13 @@
 """A trainer rank of ``runtime=distributed``: data-parallel updates from its own buffer shard.
-T of them, each running the one loop (``replay_exp.train.train``) with a ``TrainerRank`` as its
+T of them, each running the one loop (``replay_exp.loop.train``) with a ``TrainerRank`` as its
 runtime; what is here is only what is distributed:
 
 - the source: the rollouts the W generator ranks delivered to this rank's inbox (stamped
   created_step = step; with an empty shard the rank waits for some), drained at the end;
 - the collective: gradients all-reduced (DDP) or sharded (FSDP) by the wrapper; ledgers, buffer
   views and step records gathered on rank 0; a generator death agreed on by every trainer; the
-  snapshot gathered on rank 0 (every shard, every ledger, per-generator counts);
+  snapshot (``checkpoint.RUN_LAYOUT``, as in process) gathered on rank 0: every shard, every
+  ledger, and as the rollout source's state the per-generator counts;
 - rank 0 pushes the weights (version step + 1) to the generators every ``sync_every`` steps.
 
 How a run differs from the single-process loop:
@@ -36,9 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from replay_exp.checkpoint import Checkpointer, read_snapshot
+from replay_exp.checkpoint import RunSnapshots, read_snapshot
 from replay_exp.compute import gencost
 from replay_exp.compute.ledger import Ledger
+from replay_exp.runlog import LOG_FILES
 from replay_exp.runtime.accounting import buffer_views, merged_ledger, runtime_metrics
 from replay_exp.runtime.base import Arrival
 from replay_exp.runtime.channels import (
@@ -52,19 +54,6 @@ from replay_exp.runtime.generator import PAUSE_KEY, batch_from_dict, report_key
 from replay_exp.runtime.schedule import Every
 
 log = logging.getLogger("replay_exp")
-
-# Files a snapshot covers (fsynced before it is committed).
-LOG_FILES = ("metrics.jsonl", "eval_details.jsonl")
-
-
-@dataclasses.dataclass
-class _Value:
-    """A checkpoint component that is a value already gathered on rank 0."""
-
-    value: Any
-
-    def state_dict(self) -> Any:
-        return self.value
 
 
 def wrap(policy: torch.nn.Module, wrapper: str, group, device: str) -> torch.nn.Module:
@@ -128,8 +117,9 @@ def run_trainer(
     cfg, d, rank: int, group, store, links, run_dir: Path, snapshot_path: str | None, loaded=None
 ):
     """Trainer rank ``rank`` (0..T-1): the one loop with this rank's inbox and collectives
-    (``group``: the trainers'; ``links``: the channels' group of every rank). Rank 0 returns
-    the run's summary. ``loaded``: (policy, tokenizer, source), if loaded."""
+    (``group``: the trainers'; ``links``: the channels' group of every rank; ``store``: the
+    rendezvous TCPStore). Rank 0 returns the run's summary. ``loaded``: (policy, tokenizer,
+    origin), if loaded."""
     from replay_exp.loop import build_parts, train
 
     snap = read_snapshot(snapshot_path) if snapshot_path else None
@@ -166,32 +156,27 @@ class TrainerRank:
         self.node_before, self.paused_seconds, self.pause_start = 0.0, 0.0, None
         self.resumed = None
         self.can_wait = True
-        if snap is not None:  # the policy was loaded before wrapping (build_parts)
-            st = snap.trainer["runtime"]
-            parts.buffer.load_state_dict(snap.states["buffers"][rank])
-            parts.ledger.load_state_dict(snap.states["ledgers"][rank])
-            opt = snap.states["optimizer"]
-            load_optimizer_state(parts.model, parts.optimizer, opt, self.wrapper)
-            self.received = {g: int(st["received"][str(rank)][str(g - T)]) for g in self.generators}
-            self.newest = {g: int(st["next_batch"][str(g - T)]) - 1 for g in self.generators}
-            self.replica_checks = int(st["replica_checks"])
-            self.node_before = float(st.get("node_seconds", 0.0))
-            self.resumed = (snap.step, snap.trainer["first_eval"], snap.trainer["last_eval"])
+        # Every rank restores its parts from the snapshot; rank 0 alone writes them.
+        self.snapshots = RunSnapshots(run_dir, cfg.checkpoint.keep, LOG_FILES)
+        if snap is not None:
+            state = self.snapshots.restore(
+                snap, rank, policy=lambda _: None,  # loaded before wrapping (build_parts)
+                optimizer=lambda opt: load_optimizer_state(
+                    parts.model, parts.optimizer, opt, self.wrapper
+                ),
+                buffers=parts.buffer.load_state_dict, ledgers=parts.ledger.load_state_dict,
+                source=self._load_source,
+            )  # fmt: skip
+            self.replica_checks = int(state["runtime"]["replica_checks"])
+            self.node_before = float(state["runtime"].get("node_seconds", 0.0))
+            self.resumed = (snap.step, state["first_eval"], state["last_eval"])
         self.store = store
         self.publish_cost = self.lead and cfg.runtime.generation_cost == "modelled"
         self.inbox = RolloutReceiver(store, links, rank, self.generators, first=T)
         self.monitor = HeartbeatMonitor(store, self.generators, cfg.runtime.heartbeat_timeout_s)
         self.pusher = WeightPusher(store, links, self.generators, first=T) if self.lead else None
-        self.keys = weight_keys(parts.plain.state_dict()) if self.lead else None
+        self.keys = weight_keys(parts.built.policy.state_dict()) if self.lead else None
         self.sync = Every(cfg.schedule.sync_every)
-        self.snapshots = None
-        if self.lead:  # the components are gathered values, filled in at each save
-            self.snapshots = Checkpointer(
-                run_dir / "checkpoints",
-                {k: _Value(None) for k in ("policy", "optimizer", "buffers", "ledgers")},
-                keep=cfg.checkpoint.keep,
-                sync_files=[run_dir / name for name in LOG_FILES],
-            )
         self.weights = full_state(parts.model, self.wrapper)  # of the current version (rank 0)
         self.pushed_version = 0 if self.resumed is None else self.resumed[0]
         self.t_start = time.perf_counter()
@@ -240,7 +225,7 @@ class TrainerRank:
     def after_update(self, version: int, need_weights: bool) -> None:
         if self.cfg.runtime.check_replicas and self.wrapper == "ddp":
             digests = [None] * self.T
-            dist.all_gather_object(digests, params_digest(self.p.plain), group=self.group)
+            dist.all_gather_object(digests, params_digest(self.p.built.policy), group=self.group)
             if len(set(digests)) != 1:
                 raise RuntimeError(f"version {version}: trainer replicas differ after the update")
             self.replica_checks += 1
@@ -310,44 +295,44 @@ class TrainerRank:
             self.p.evaluator.model.load_state_dict(self.weights)
         return self.p.evaluator, self.p.evaluator.model
 
-    def _runtime_state(self) -> dict:
-        """What a relaunch needs beyond the components: per trainer, rollouts received from
-        each generator; per generator, the next batch index (gathered on rank 0)."""
-        T = self.T
-        mine = {"received": {str(g - T): n for g, n in self.received.items()},
-                "newest": {str(g - T): j for g, j in self.newest.items()}}  # fmt: skip
-        every = self._gather(mine)
-        if not self.lead:
-            return {}
-        return {
-            "received": {str(t): every[t]["received"] for t in range(T)},
-            "next_batch": {
-                str(w): max(e["newest"][str(w)] for e in every) + 1 for w in range(self.W)
-            },
-            "replica_checks": self.replica_checks,
-            "node_seconds": self.node_seconds(),
-        }
+    def _load_source(self, state: dict) -> None:
+        """This rank's rollouts received from each generator, and the newest batch index seen
+        (the generators restart at the snapshot's next batch)."""
+        T, rank = self.T, self.rank
+        self.received = {g: int(state["received"][rank][g - T]) for g in self.generators}
+        self.newest = {g: int(state["next_batch"][g - T]) - 1 for g in self.generators}
 
     def save(self, step: int, **evals: Any) -> None:
         with self.paused():
             self._save(step, **evals)
 
     def _save(self, step: int, **evals: Any) -> None:
-        mine = {"buffer": self.p.buffer.state_dict(), "ledger": self.p.ledger.state_dict()}
-        pieces = self._gather(mine)
+        """Every trainer's buffer, ledger and source counts gathered on rank 0 (per trainer,
+        the rollouts received from each generator; per generator, the next batch index, which
+        a relaunch regenerates from), the full weights and optimizer state; a collective."""
+        T = self.T
+        mine = {"buffer": self.p.buffer.state_dict(), "ledger": self.p.ledger.state_dict(),
+                "received": {g - T: n for g, n in self.received.items()},
+                "newest": {g - T: j for g, j in self.newest.items()}}  # fmt: skip
+        every = self._gather(mine)
         if self.stopping:  # the weights of this step were not made current (a collective)
             self.weights = full_state(self.p.model, self.wrapper)
         opt = optimizer_state(self.p.model, self.p.optimizer, self.wrapper)
-        state = self._runtime_state()
-        if self.lead:
-            self.snapshots.components.update(
-                policy=_Value(self.weights), optimizer=_Value(opt),
-                buffers=_Value([p["buffer"] for p in pieces]),
-                ledgers=_Value([p["ledger"] for p in pieces]),
-            )  # fmt: skip
-            self.snapshots.save(step, **evals, runtime=state)
+        if not self.lead:
+            return
+        source = {
+            "received": {t: every[t]["received"] for t in range(T)},
+            "next_batch": {w: max(e["newest"][w] for e in every) + 1 for w in range(self.W)},
+        }
+        values = {
+            "policy": self.weights, "optimizer": opt,
+            "buffers": [e["buffer"] for e in every], "ledgers": [e["ledger"] for e in every],
+            "source": source,
+        }  # fmt: skip
+        counters = {"replica_checks": self.replica_checks, "node_seconds": self.node_seconds()}
+        self.snapshots.save(step, values, **evals, runtime=counters)
 
-    def finish(self, final_step: int, store) -> dict[str, Any]:
+    def finish(self, final_step: int, add_arrivals) -> dict[str, Any]:
         """Stop the generators and drain what is in flight into the shards (at the final
         step). Live generators send DONE last; one that dies now (after the last step) is
         noted, and what it had in flight stays unaccounted for (``dead_generators``)."""
@@ -355,7 +340,7 @@ class TrainerRank:
         if self.lead:
             dead = sorted(set(dead) | set(self.pusher.stop(dead=set(dead))))
         while [g for g in self.inbox.open if g not in dead]:
-            store(self._poll(final_step), final_step)
+            add_arrivals(self._poll(final_step), final_step)
             dead = sorted(set(dead) | set(self._find_dead()))
             time.sleep(0.002)
         if dead and not self.stopping:

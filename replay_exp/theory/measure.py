@@ -58,11 +58,9 @@ from replay_exp.analysis.stats import percentile_interval
 from replay_exp.config.composition import compose
 from replay_exp.config.derive import resolve
 from replay_exp.config.seeding import derive_seed
-from replay_exp.models import load_policy
+from replay_exp.models.build import build_engine, build_policy
 from replay_exp.models.forward import micro_batch, policy_logprobs
-from replay_exp.rollout import SamplingParams, make_generator
-from replay_exp.rollout.collect import generate_rollouts, prompt_lengths
-from replay_exp.tasks import make_task
+from replay_exp.runtime.base import generate_groups
 from replay_exp.theory.noise import (
     Blocks,
     CrossBlocks,
@@ -116,30 +114,22 @@ def measure_seed(overrides: list[str], seed: int, points: list[int], taus: list[
     cfg, d = resolve(compose([*overrides, "experiment=on_policy", f"seed={seed}"]))
     torch.set_num_threads(d.threads)
     s, a, g = cfg.schedule, cfg.algo, cfg.generation
-    task = make_task(cfg.task)
-    policy, tokenizer, _ = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
-    chat = bool(cfg.model.chat_template)
-    task.fit_prompts(lambda texts: prompt_lengths(tokenizer, texts, chat=chat), d.max_prompt_len)
+    built = build_policy(cfg, d)
+    policy = built.policy
     torch.manual_seed(derive_seed(cfg.seed, "torch"))
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
     )
-    generator = make_generator(
-        g, policy, tokenizer, share_weights=True, max_model_len=d.max_prompt_len + d.max_new_tokens,
-        dtype=d.dtype, seed=derive_seed(cfg.seed, "engine"), device=d.device,
-    )  # fmt: skip
-    sampling = SamplingParams(g.temperature, g.top_p, d.max_new_tokens)
-    G = a.group_size
+    engine = build_engine(cfg, d, built, share_weights=True)
+    per_step = s.batch_size // a.group_size  # prompt groups of an on-policy step
 
-    def rollouts(step: int, n_groups: int, stream: str) -> RolloutBatch:
-        prompts = task.sample_train(
-            np.random.default_rng(derive_seed(cfg.seed, f"{stream}prompts", step)), n_groups
-        )
-        return generate_rollouts(
-            generator, tokenizer, task, prompts, G, sampling,
-            seed=derive_seed(cfg.seed, f"{stream}gen", step), step=step, first_uid=0,
-            first_group=0, normalize_std=a.adv_normalize_std, chat=chat,
-        )  # fmt: skip
+    def rollouts(step: int, n_groups: int, first_group: int = 0, stream: str = "") -> RolloutBatch:
+        """Groups generated as the trainer generates them (``runtime.base.generate_groups``),
+        at version ``step``; ``stream`` prefixes the seeds' names (a pool's own streams)."""
+        return generate_groups(
+            cfg, d, built, engine, n_groups=n_groups, first_group=first_group, version=step,
+            seed_tags=(step,), stream=stream,
+        ).batch  # fmt: skip
 
     pool_at = {t - tau for t in points for tau in [*taus, max(deltas)]}
     keep_at = {v for t in points for v in range(t - max(deltas), t + 1)}
@@ -148,9 +138,9 @@ def measure_seed(overrides: list[str], seed: int, points: list[int], taus: list[
     grad = lambda pool: per_rollout_grads(policy, pool, a, g.temperature, d.max_new_tokens)  # noqa: E731
     out: dict[str, Measured] = {}
     for step in range(max(points) + 1):
-        generator.sync_weights(policy, step)
+        engine.sync_weights(policy, step)
         if step in pool_at:
-            pools[step] = rollouts(step, pool_groups, "noise-pool-")
+            pools[step] = rollouts(step, pool_groups, stream="noise-pool-")
         if step in keep_at:
             weights[step] = copy.deepcopy(policy.state_dict())
         if step in points:
@@ -177,14 +167,7 @@ def measure_seed(overrides: list[str], seed: int, points: list[int], taus: list[
         if step == max(points):
             break
         # The on-policy step itself, as in replay_exp.train (same seeds and streams).
-        prompts = task.sample_train(
-            np.random.default_rng(derive_seed(cfg.seed, "prompts", step)), s.batch_size // G
-        )
-        batch = generate_rollouts(
-            generator, tokenizer, task, prompts, G, sampling,
-            seed=derive_seed(cfg.seed, "gen", step), step=step, first_uid=step * s.batch_size,
-            first_group=step * s.batch_size // G, normalize_std=a.adv_normalize_std, chat=chat,
-        )  # fmt: skip
+        batch = rollouts(step, per_step, first_group=step * per_step)
         policy_update(policy, optimizer, batch, a, g.temperature, d.max_new_tokens)
         for old in [k for k in weights if k not in keep_at or k < step - max(deltas)]:
             weights.pop(old, None)

@@ -22,6 +22,7 @@ import time
 import pytest
 import torch
 
+from replay_exp.checkpoint import RUN_LAYOUT, load_latest
 from replay_exp.runlog import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -145,6 +146,14 @@ def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
         os.killpg(proc.pid, signal.SIGKILL)  # the whole job: supervisor and every rank
         proc.wait()
     assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
+    # The one snapshot layout of both runtimes (tests/test_resume.py): every trainer's shard
+    # and ledger; as the source's state, where each generator goes on and what each trainer
+    # received from it.
+    snap = load_latest(run_dir / "checkpoints")
+    assert sorted(snap.states) == sorted(RUN_LAYOUT)
+    assert len(snap.states["buffers"]) == len(snap.states["ledgers"]) == 2
+    source = snap.states["source"]
+    assert source["next_batch"][0] > 0 and sorted(source["received"]) == [0, 1]
     run = _run(cmd, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     _check_finished(run_dir, 2, wrapper)
