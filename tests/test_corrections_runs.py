@@ -58,6 +58,7 @@ def _run(fast, tmp_path, overrides):
     return summary, read_metrics(run_dir / "metrics.jsonl"), run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 @pytest.mark.parametrize("case", list(CASES))
 def test_correction_runs_in_every_runtime(case, runtime, fast, tmp_path):

@@ -80,6 +80,7 @@ def _compose_jobs(name: str, jobs: list[list[str]]) -> list:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path", [p for p in FILES if p.stem.endswith("_tiny")], ids=lambda p: p.stem
 )
@@ -91,6 +92,7 @@ def test_every_job_of_a_tiny_sweep_resolves(path):
     assert len({tuple(sorted(job)) for job in jobs}) == len(jobs)  # no two jobs alike
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path", [p for p in FILES if p.stem.endswith("_tiny")], ids=lambda p: p.stem
 )
@@ -103,6 +105,7 @@ def test_the_fast_composition_is_hydras(path):
         assert strip(fast) == strip(full), job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path", [p for p in FILES if p.stem.endswith("_paper")], ids=lambda p: p.stem
 )

@@ -18,6 +18,7 @@ from replay_exp.runlog import read_metrics
 from replay_exp.theory.bound import estimate_mu_from_run
 
 
+@pytest.mark.slow
 def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_sweeps, tmp_path):
     src = tiny_sweeps["compute"]
     done = archive([src], tmp_path / "archive")

@@ -135,6 +135,7 @@ def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
     assert 0.1 * loads <= gen["weight_load_seconds"] <= 0.15 * loads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "message"),
     [
