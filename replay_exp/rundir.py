@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from replay_exp.checkpoint import (
+    RUN_LAYOUT,
     CheckpointError,
     Snapshot,
     atomic_write_text,
@@ -101,6 +102,12 @@ def prepare_run_dir(cfg: DictConfig, derived: Derived, run_dir: Path | None = No
     if snapshot is not None:
         if not metrics_path.exists():
             raise CheckpointError(f"{metrics_path} is missing, so {snapshot.path} cannot resume")
+        if sorted(snapshot.states) != sorted(RUN_LAYOUT):  # before anything is cut back
+            raise CheckpointError(
+                f"{snapshot.path} holds components {sorted(snapshot.states)}, not this version's "
+                f"{sorted(RUN_LAYOUT)}: it was written by another version of the trainer; "
+                "resume it with that version, or choose another run_dir"
+            )
         start.snapshot = snapshot
         start.notes += [f"skipped snapshot: {why}" for why in snapshot.skipped]
         return start

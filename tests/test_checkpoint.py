@@ -406,14 +406,18 @@ def resolved(over):
     return resolve(compose(over))
 
 
-def _write_run(run_dir, cfg, d, metrics_steps=(0,), finished=False, snapshot_steps=()):
+def _write_run(
+    run_dir, cfg, d, metrics_steps=(0,), finished=False, snapshot_steps=(), layout=RUN_LAYOUT
+):
+    """A run dir as a run leaves it; its snapshots hold one Counter per name of ``layout``."""
     from replay_exp.rundir import config_yaml
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(config_yaml(cfg, d))
     (run_dir / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in metrics_steps))
     for s in snapshot_steps:
-        Checkpointer(run_dir / "checkpoints", {"a": Counter(s)}).save(s, first_eval=None)
+        parts = {name: Counter(s) for name in layout}
+        Checkpointer(run_dir / "checkpoints", parts).save(s, first_eval=None)
     if finished:
         (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "steps": 4}))
     return _files(run_dir)
@@ -483,7 +487,21 @@ def test_run_dir_with_only_bad_snapshots_is_an_error(resolved, tmp_path):
 
     cfg, d = resolved
     _write_run(tmp_path / "run", cfg, d, metrics_steps=[0, 2], snapshot_steps=[0, 2])
-    for p in (tmp_path / "run" / "checkpoints").glob("step_*/a.pt"):
+    for p in (tmp_path / "run" / "checkpoints").glob("step_*/policy.pt"):
         p.write_bytes(b"x")
-    with pytest.warns(SnapshotWarning), pytest.raises(CheckpointError, match="a.pt is truncated"):
+    with pytest.warns(SnapshotWarning), pytest.raises(CheckpointError, match="policy.pt is trunc"):
         prepare_run_dir(cfg, d)
+
+
+def test_a_snapshot_of_another_layout_is_refused_before_anything_is_cut(resolved, tmp_path):
+    """A snapshot written by another version (other component files) is refused when the run
+    dir is read, with one line naming both layouts, and nothing in the run dir changes (its
+    metrics.jsonl past the snapshot is not cut back for a resume that cannot happen)."""
+    from replay_exp.rundir import prepare_run_dir
+
+    cfg, d = resolved
+    run_dir = tmp_path / "run"
+    before = _write_run(run_dir, cfg, d, [0, 2, 4], snapshot_steps=[2], layout=("a", "policy"))
+    with pytest.raises(CheckpointError, match=r"holds components \['a', 'policy'\], not this"):
+        prepare_run_dir(cfg, d)
+    assert _files(run_dir) == before
