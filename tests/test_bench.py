@@ -9,6 +9,7 @@ Each case runs ``python bench/<program>.py --smoke`` in a subprocess, in a tempo
   the default install has no trl, so the case is skipped there;
 - the runtime=distributed benches (``async_runtime``, ``emergent_reuse``, ``generation_cost``)
   need ``torch.distributed``;
+- ``qwen3_width``'s smoke mode runs in tests/models/test_qwen3.py, which checks more of it;
 - ``sweep_throughput`` measures its SLURM launcher only when a SLURM cluster answers ``sinfo``
   (it says SKIP and measures the local launcher otherwise), so it runs everywhere.
 No bench program needs vLLM.
@@ -33,6 +34,10 @@ needs_trl = pytest.mark.skipif(
     NO_TRL, reason="trl is not installed: pip install -e '.[bench]' (the default install has none)"
 )
 needs_dist = pytest.mark.skipif(NO_DIST, reason="torch.distributed is not available")
+covered_elsewhere = pytest.mark.skip(
+    reason="runs in tests/models/test_qwen3.py::test_bench_qwen3_width_smoke, which also checks "
+    "the model's shape and the JSON it writes"
+)
 
 # program: (extra arguments after --smoke ("{tmp}" is the test's folder), a line of its table,
 # marks). One thread where a program takes --threads: the smoke runs share the machine.
@@ -45,7 +50,7 @@ CASES = {
     "embedded_default": ([], "median over 1 seeds:", []),
     "emergent_reuse": (["--out", "{tmp}/out"], "| launch | mu | (W,T) | variant |", [needs_dist]),
     "generation_cost": ([], "| mu target | realised | realised / target |", [needs_dist]),
-    "qwen3_width": (["--threads", "1"], "tiny (--smoke):", []),
+    "qwen3_width": (["--threads", "1"], "tiny (--smoke):", [covered_elsewhere]),
     "sweep_throughput": ([], "local, sequential, default threads: 1 runs in", []),
     "vs_trl": (["--out", "{tmp}/results.json"], "| variant | s/step | vs (b) |", [needs_trl]),
 }
