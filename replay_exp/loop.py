@@ -114,7 +114,9 @@ def build_parts(
         )
     ref_model = None
     if a.kl_coef > 0:  # every trainer rank holds its own frozen copy
-        ref_model = load_policy(cfg.model, cfg.task, built.task, d.device, d.dtype)[0].eval()
+        ref_model = load_policy(cfg.model, cfg.task, built.task, d.device, d.param_dtype, d.dtype)[
+            0
+        ].eval()
     if policy_state is not None:
         policy.load_state_dict(policy_state)
     torch.manual_seed(derive_seed(cfg.seed, "torch", *tags))

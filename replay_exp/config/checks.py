@@ -17,7 +17,8 @@ from replay_exp.algo import AGG_MODES, LOSSES, MASKS, loss_knobs
 from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
-from replay_exp.models.tiny import ARCHS, DTYPES
+from replay_exp.models.precision import DTYPES
+from replay_exp.models.tiny import ARCHS
 from replay_exp.rollout import BACKENDS, BEHAVIOUR_LOGP_SOURCES
 from replay_exp.rollout.hf import SAMPLERS
 from replay_exp.runlog import LOGGERS, WANDB_MODES
@@ -154,6 +155,9 @@ def check_model(cfg: DictConfig) -> None:
             f"model.dtype={m.dtype} is unknown; choose float32, bfloat16, float16 or "
             "auto (bfloat16 on CUDA, float32 on CPU)"
         )
+    for key in ("param_dtype", "save_dtype"):
+        if m[key] is not None and m[key] not in DTYPES:
+            fail(f"model.{key}={m[key]} is unknown; choose float32, bfloat16 or float16")
     if "warm_start" in m:  # model=tiny
         if m.arch not in ARCHS:
             fail(f"model.arch={m.arch} is unknown; choose one of {sorted(ARCHS)}")

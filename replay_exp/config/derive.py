@@ -16,7 +16,7 @@ validates names against (buffers, samplers, tasks, losses, backends, loggers), t
    :func:`derive_steps`;
 4. :func:`~replay_exp.config.probe.probe_inputs`: the one place with I/O (a local model's
    config.json and tokenizer, the task's data) for the token lengths;
-5. the machine: device, dtype, threads.
+5. the machine: device, dtypes (:func:`derive_precision`), threads.
 
 Each failure is a :class:`ConfigError` with one line naming the keys and values, raised before
 any model is built or any file is written.
@@ -24,6 +24,7 @@ any model is built or any file is written.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from replay_exp.compute import costmodel
 from replay_exp.config.checks import check_options, check_values
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.probe import probe_inputs
+
+log = logging.getLogger("replay_exp")
 
 
 @dataclass
@@ -53,7 +56,8 @@ class Derived:
     paper_units_per_step: float  # (B + mu R) / (B (1 + mu)), or gamma (async); on-policy: 1
     device: str
     threads: int
-    dtype: str = "float32"  # model.dtype with auto resolved
+    dtype: str = "float32"  # the compute dtype: model.dtype with auto resolved
+    param_dtype: str = "float32"  # the trained weights' and Adam's (model.param_dtype)
     workers: int | None = None  # W of the async emulation (null under schedule=sync)
     trainers: int | None = None  # T of the async emulation
     # Sizes of one rank (runtime=distributed; one process: the whole run's).
@@ -86,9 +90,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = cfg.model.dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    dtype, param_dtype = derive_precision(cfg.model, device)
     threads = cfg.threads or int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or os.cpu_count() or 1
     derived = Derived(
         rollouts_per_step=arrivals.R,
@@ -103,11 +105,42 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         device=device,
         threads=threads,
         dtype=dtype,
+        param_dtype=param_dtype,
         workers=arrivals.workers,
         trainers=arrivals.trainers,
         **rank_sizes(cfg, B, N, threads),
     )
     return cfg, derived
+
+
+def derive_precision(m: DictConfig, device: str) -> tuple[str, str]:
+    """(compute dtype, parameter dtype) of ``model`` on ``device`` (models.precision).
+
+    ``model.dtype=auto`` computes in bfloat16 on CUDA, float32 elsewhere. The parameters are
+    float32 master weights, or the compute dtype itself (pure low precision, warned);
+    float16 compute over float32 weights needs a loss scale, which is not implemented."""
+    dtype = m.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    param = m.param_dtype
+    if param not in ("float32", dtype):
+        fail(
+            f"model.param_dtype={param} with model.dtype={m.dtype} (computes in {dtype}): "
+            f"choose float32 (master weights) or {dtype} (pure {dtype} weights)"
+        )
+    if dtype == "float16" and param == "float32":
+        fail(
+            "model.dtype=float16 with model.param_dtype=float32 needs a loss scale, which is "
+            "not implemented; use model.dtype=bfloat16 (or model.param_dtype=float16)"
+        )
+    if param != "float32":
+        log.warning(
+            "model.param_dtype=%s: the weights and Adam's state are %s; an Adam step below "
+            "its resolution is lost (at lr 1e-6 most of them; docs/real-models.md)",
+            param,
+            param,
+        )
+    return dtype, param
 
 
 def rank_sizes(cfg: DictConfig, B: int, N: int, threads: int) -> dict[str, Any]:

@@ -50,7 +50,9 @@ class ModelConfig:
     name: str = MISSING  # a label for logs and run names
     pretrained: str | None = MISSING  # local dir or hub id for from_pretrained; null = tiny
     tie_word_embeddings: bool | None = MISSING  # null = as saved, false = untie
-    dtype: str = MISSING  # float32 | bfloat16 | float16 | auto
+    dtype: str = MISSING  # compute dtype: float32 | bfloat16 | float16 | auto
+    param_dtype: str = MISSING  # trained weights and Adam state: float32 | same as dtype (pure)
+    save_dtype: str | None = MISSING  # final_model's dtype; null: param_dtype
     chat_template: bool = MISSING
     gradient_checkpointing: bool = MISSING
 
@@ -287,7 +289,8 @@ class GenerationConfig:
 
 @dataclass
 class HFGenerationConfig(GenerationConfig):
-    sampler: str = MISSING  # cached_loop | generate
+    sampler: str = MISSING  # cached_loop | generate | static
+    compile: bool = MISSING  # sampler=static: torch.compile the decode step (CUDA graphs on GPU)
 
 
 @dataclass
@@ -366,6 +369,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = MISSING
     device: str = MISSING
+    deterministic: bool = MISSING  # deterministic kernels (CUDA; docs/real-models.md)
     threads: int | None = MISSING
     output_root: str = MISSING
     sweep_name: str | None = MISSING

@@ -8,6 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from replay_exp.models.precision import DTYPES, compute_in
 from replay_exp.models.tiny import (
     build_tiny_model,
     count_params,
@@ -30,20 +31,29 @@ __all__ = [
 
 
 def load_policy(
-    mcfg: Any, task_cfg: Any, task: Task, device: str = "cpu", dtype: str | None = None
+    mcfg: Any,
+    task_cfg: Any,
+    task: Task,
+    device: str = "cpu",
+    dtype: str = "float32",
+    compute_dtype: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The initial policy and its tokenizer, and where they were loaded from.
 
-    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)`` in ``dtype`` (default
-      ``model.dtype``; ``auto`` must be resolved by the caller), untied if
+    The weights are in ``dtype`` (the run's ``param_dtype``); its forwards compute in
+    ``compute_dtype`` (the run's resolved ``model.dtype``; None: ``dtype``) through
+    ``models.precision.compute_in``.
+
+    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)``, untied if
       ``model.tie_word_embeddings`` is false.
     - otherwise a tiny model of ``model.arch`` with a char tokenizer; with
-      ``model.warm_start.steps > 0`` it is warm-started (cached) and loaded back from the cache
-      with ``from_pretrained``; with 0 steps it is the random init (seed ``warm_start.seed``).
+      ``model.warm_start.steps > 0`` it is warm-started (cached; trained in float32, so one
+      warm start serves every dtype: it is cast, never retrained) and loaded back from the
+      cache with ``from_pretrained``; with 0 steps it is the random init (seed
+      ``warm_start.seed``), cast to ``dtype``.
 
     ``model.gradient_checkpointing`` is switched on here (it acts in training mode only).
     """
-    dtype = dtype or mcfg.dtype
     if mcfg.pretrained:
         model, tok = load_pretrained(mcfg.pretrained, dtype)
         if mcfg.tie_word_embeddings is False:
@@ -53,11 +63,11 @@ def load_policy(
         tok = build_char_tokenizer()
         build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)
         if mcfg.warm_start.steps == 0:
-            model, source = build(), "random-init"
+            model, source = build().to(DTYPES[dtype]), "random-init"
         else:
             path = cached_warm_start(build, mcfg, task_cfg, task, tok, device)
             model, tok = load_pretrained(path, dtype)
             source = str(path)
     if mcfg.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device), tok, source
+    return compute_in(model.to(device), compute_dtype or dtype), tok, source

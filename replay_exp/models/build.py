@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from replay_exp.config.seeding import derive_seed
 from replay_exp.models import load_policy, load_pretrained
+from replay_exp.models.precision import compute_in
 from replay_exp.rollout import HFGenerator, engine_model_dir, make_generator
 from replay_exp.rollout.base import Generator
 from replay_exp.rollout.collect import prompt_lengths
@@ -43,9 +44,10 @@ class BuiltPolicy:
 def build_policy(
     cfg: Any, d: Any, *, loaded: tuple | None = None, weights_dir: str | Path | None = None
 ) -> BuiltPolicy:
-    """The task of ``cfg.task`` and the initial policy of ``cfg.model`` on ``d.device`` in
-    ``d.dtype`` (``d``: the derived sizes, ``Derived`` or a run's saved ``derived`` node), the
-    task's problems cut to those whose prompt fits ``d.max_prompt_len`` tokens.
+    """The task of ``cfg.task`` and the initial policy of ``cfg.model`` on ``d.device``, its
+    weights in ``d.param_dtype`` and its forwards in ``d.dtype`` (``d``: the derived sizes,
+    ``Derived`` or a run's saved ``derived`` node), the task's problems cut to those whose
+    prompt fits ``d.max_prompt_len`` tokens.
 
     ``loaded``: (policy, tokenizer, origin) already loaded by ``load_policy`` (a distributed
     run's rank 0 loads it once, building the warm-start cache before the other ranks).
@@ -55,13 +57,21 @@ def build_policy(
     if loaded is not None:
         policy, tokenizer, origin = loaded
     elif weights_dir is not None:
-        policy, tokenizer = load_pretrained(str(weights_dir), d.dtype)
-        policy, origin = policy.to(d.device), str(weights_dir)
+        policy, tokenizer = load_pretrained(str(weights_dir), param_dtype(d))
+        policy, origin = compute_in(policy.to(d.device), d.dtype), str(weights_dir)
     else:
-        policy, tokenizer, origin = load_policy(cfg.model, cfg.task, task, d.device, d.dtype)
+        policy, tokenizer, origin = load_policy(
+            cfg.model, cfg.task, task, d.device, param_dtype(d), d.dtype
+        )
     chat = bool(cfg.model.chat_template)
     dropped = task.fit_prompts(partial(prompt_lengths, tokenizer, chat=chat), d.max_prompt_len)
     return BuiltPolicy(task, policy, tokenizer, chat, origin, dropped)
+
+
+def param_dtype(d: Any) -> str:
+    """The parameters' dtype of derived sizes ``d`` (a run saved before master weights
+    existed trained in its compute dtype)."""
+    return d.get("param_dtype", d.dtype) if hasattr(d, "get") else d.param_dtype
 
 
 def build_engine(

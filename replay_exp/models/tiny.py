@@ -19,6 +19,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from replay_exp.models.precision import DTYPES
 from replay_exp.models.tokenizer import load_tokenizer
 
 ARCHS = {
@@ -26,11 +27,11 @@ ARCHS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # Qwen2 plus RMS norms on queries and keys
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
-    """A randomly initialised model of architecture ``mcfg.arch`` sized by ``mcfg``."""
+    """A randomly initialised model of architecture ``mcfg.arch`` sized by ``mcfg``, in float32
+    whatever the run's dtypes (the warm start trains it; the loader casts its result)."""
     config_cls, model_cls = ARCHS[mcfg.arch]
     # Qwen3 sets head_dim on its own (default 128, whatever the width): here hidden / heads.
     extra = {"head_dim": mcfg.hidden_size // mcfg.num_heads} if mcfg.arch == "qwen3" else {}
@@ -48,7 +49,7 @@ def build_tiny_model(mcfg: Any, tokenizer: PreTrainedTokenizerBase, seed: int) -
         eos_token_id=tokenizer.eos_token_id,
         **extra,
     )
-    return random_init(model_cls, config, seed).to(DTYPES[mcfg.dtype])
+    return random_init(model_cls, config, seed)
 
 
 def random_init(

@@ -45,7 +45,7 @@ WARM_START_VERSION = 1  # bump when the supervised loop changes what it produces
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 # Keys that do not change what the warm start produces: where it is cached, whether a shipped
 # copy is used, labels, and options that act only after it (chat template, checkpointing).
-_NOT_RECIPE_MODEL = ("name", "chat_template", "gradient_checkpointing")
+_NOT_RECIPE_MODEL = ("name", "chat_template", "gradient_checkpointing", "param_dtype", "save_dtype")
 _NOT_RECIPE_WARM = ("cache_dir", "shipped")
 # Task keys that leave the training split and demonstrations unchanged (the held-out list's
 # length: the split itself is set by the eval fraction and split seed).
@@ -57,6 +57,9 @@ def recipe(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> dict
     model_part = OmegaConf.to_container(mcfg, resolve=True)
     for key in _NOT_RECIPE_MODEL:
         model_part.pop(key, None)
+    # The warm start is trained in float32 whatever the run computes in (a run in bfloat16
+    # casts the same weights, it never trains its own): every dtype has the float32 key.
+    model_part["dtype"] = "float32"
     for key in _NOT_RECIPE_WARM:
         model_part["warm_start"].pop(key, None)
     task_part = OmegaConf.to_container(task_cfg, resolve=True)

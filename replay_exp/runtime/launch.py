@@ -214,7 +214,9 @@ def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None
     snapshot_path = json.loads(store.get(START_KEY))["snapshot"]
     loaded = None
     if rank == 0:  # builds (and caches) the warm start once, before the other ranks load it
-        loaded = load_policy(cfg.model, cfg.task, make_task(cfg.task), d.device, d.dtype)
+        loaded = load_policy(
+            cfg.model, cfg.task, make_task(cfg.task), d.device, d.param_dtype, d.dtype
+        )
         store.set(LOADED_KEY, "1")
     else:
         store.wait([LOADED_KEY], timeout)
