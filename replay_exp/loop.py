@@ -48,6 +48,7 @@ from replay_exp.config.seeding import derive_seed
 from replay_exp.eval.evaluate import encode_details, evaluate
 from replay_exp.models import load_policy
 from replay_exp.models.build import BuiltPolicy, build_evaluator, build_policy
+from replay_exp.models.precision import DTYPES
 from replay_exp.runlog import (
     MetricsWriter,
     format_eval,
@@ -389,8 +390,9 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
     p.logger.close(summary)
     p.details_log.close()
     rt.close()
-    if final_model is not None:
-        final_model.save_pretrained(run_dir / "final_model")
+    if final_model is not None:  # the master weights, or cast to model.save_dtype
+        save_dtype = cfg.model.save_dtype or d.param_dtype
+        final_model.to(DTYPES[save_dtype]).save_pretrained(run_dir / "final_model")
         p.built.tokenizer.save_pretrained(run_dir / "final_model")
     # Last and atomic: "finished" means everything above is on disk (relaunches skip the run).
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 import transformers
 from omegaconf import DictConfig
 
@@ -37,6 +36,7 @@ from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
 from replay_exp.runlog import LOG_FILES
 from replay_exp.runtime.inprocess import InProcess
 from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
+from replay_exp.runtime.process import set_up_process
 
 log = logging.getLogger("replay_exp")
 register_configs()
@@ -70,7 +70,7 @@ def _already_finished(run_dir: Path, start: RunStart) -> dict[str, Any]:
 def _run_locked(
     cfg: DictConfig, derived: Derived, run_dir: Path, start: RunStart, notes: list[str]
 ) -> dict[str, Any]:
-    torch.set_num_threads(derived.threads)
+    set_up_process(derived.threads, cfg.deterministic)
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     file_log = logging.FileHandler(run_dir / "train.log")

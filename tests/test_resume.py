@@ -76,8 +76,11 @@ def _files(run_dir) -> dict:
         ("fast", ["buffer=fifo", "schedule.sync_every=3"]),
         # The embedded default at its default thread count, replaying (conftest.default_small).
         ("default_small", []),
+        # bfloat16 compute over float32 master weights (models/precision.py): the snapshot
+        # holds the master weights and Adam's float32 state, so the resume is bitwise too.
+        ("fast", ["model.dtype=bfloat16", "buffer=fifo", "schedule.sync_every=3"]),
     ],
-    ids=["on_policy", "fifo_sync3", "default_threads"],
+    ids=["on_policy", "fifo_sync3", "default_threads", "bf16_master"],
 )
 def test_killed_run_resumes_to_the_same_metrics(base, variant, request, tmp_path):
     fast = request.getfixturevalue(base)

@@ -11,6 +11,7 @@ beside the in-process emulation of ``schedule=async``).
 - ``trainer``: a trainer rank's source (its inbox) and collectives (DDP or FSDP, gathers on
   rank 0, which also pushes the weights); the loop itself is ``replay_exp.loop``.
 - ``channels``: the point-to-point messages and the heartbeats.
+- ``process``: what every training process sets first (threads, ``deterministic``).
 """
 
 # Nothing imported here: the loop imports base and accounting without the launcher.

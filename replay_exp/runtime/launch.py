@@ -32,6 +32,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from replay_exp.config.errors import RunStopped
+from replay_exp.runtime.process import set_up_process
 
 log = logging.getLogger("replay_exp")
 
@@ -209,7 +210,7 @@ def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None
         local = int(os.environ.get("SLURM_LOCALID", rank)) % max(1, torch.cuda.device_count())
         d = dataclasses.replace(d, device=f"cuda:{local}")
         torch.cuda.set_device(local)
-    torch.set_num_threads(d.rank_threads)  # config.rank_sizes
+    set_up_process(d.rank_threads, cfg.deterministic)  # threads: config.rank_sizes
     _log_to(run_dir / "train.log", rank, console=rank == 0)
     snapshot_path = json.loads(store.get(START_KEY))["snapshot"]
     loaded = None

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from replay_exp.checkpoint import RunSnapshots, read_snapshot
 from replay_exp.compute import gencost
 from replay_exp.compute.ledger import Ledger
+from replay_exp.models.precision import compute_dtype, param_dtype
 from replay_exp.runlog import LOG_FILES
 from replay_exp.runtime.accounting import buffer_views, merged_ledger, runtime_metrics
 from replay_exp.runtime.base import Arrival
@@ -58,7 +59,12 @@ log = logging.getLogger("replay_exp")
 
 def wrap(policy: torch.nn.Module, wrapper: str, group, device: str) -> torch.nn.Module:
     """The data-parallel module: torch DDP, or fully_shard on each decoder layer and the root
-    (FSDP2) over the trainers' ``group``."""
+    (FSDP2) over the trainers' ``group``.
+
+    Mixed precision (``models.precision``: float32 master weights, a lower compute dtype): DDP
+    all-reduces the float32 gradients of the autocast forward; FSDP gets its own policy on top
+    of the autocast hooks: the float32 shards are gathered in the compute dtype (half the
+    traffic) and the gradients reduced in float32 into the float32 shards Adam updates."""
     if wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -68,9 +74,16 @@ def wrap(policy: torch.nn.Module, wrapper: str, group, device: str) -> torch.nn.
     from torch.distributed.fsdp import fully_shard
 
     mesh = DeviceMesh.from_group(group, "cuda" if device.startswith("cuda") else "cpu")
+    kwargs = {}
+    if compute_dtype(policy) != param_dtype(policy):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=compute_dtype(policy), reduce_dtype=torch.float32
+        )
     for layer in policy.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(policy, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(policy, mesh=mesh, **kwargs)
     return policy
 
 

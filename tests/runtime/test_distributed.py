@@ -69,11 +69,20 @@ def _check_finished(run_dir, trainers: int, wrapper: str = "ddp") -> dict:
 
 
 @pytest.mark.parametrize(
-    ("trainers", "wrapper"), [(1, "ddp"), (2, "ddp"), (2, "fsdp")], ids=["W1T1", "W1T2", "fsdp"]
+    ("trainers", "wrapper", "extra"),
+    [
+        (1, "ddp", []),
+        (2, "ddp", []),
+        (2, "fsdp", []),
+        # float32 master shards, bf16 gathers and autocast, float32 gradient reduction; the
+        # generator samples its float32 copy under bf16 autocast (models/precision.py).
+        (2, "fsdp", ["model.dtype=bfloat16"]),
+    ],
+    ids=["W1T1", "W1T2", "fsdp", "fsdp_bf16"],
 )
-def test_real_run_accounts_for_every_rollout(fast, tmp_path, trainers, wrapper):
+def test_real_run_accounts_for_every_rollout(fast, tmp_path, trainers, wrapper, extra):
     run_dir = tmp_path / "run"
-    run = _run(_command(fast, run_dir, trainers, f"runtime.wrapper={wrapper}"), tmp_path)
+    run = _run(_command(fast, run_dir, trainers, f"runtime.wrapper={wrapper}", *extra), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rt = _check_finished(run_dir, trainers, wrapper)["runtime"]
     # The generator's own report (published before its DONE) agrees with the accounting.
