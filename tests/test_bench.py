@@ -52,6 +52,7 @@ CASES = {
     "generation_cost": ([], "| mu target | realised | realised / target |", [needs_dist]),
     "qwen3_width": (["--threads", "1"], "tiny (--smoke):", [covered_elsewhere]),
     "sweep_throughput": ([], "local, sequential, default threads: 1 runs in", []),
+    "throughput": (["--threads", "1", "--out", "{tmp}/out.json"], "| ours | train GRPO |", []),
     "vs_trl": (["--out", "{tmp}/results.json"], "| variant | s/step | vs (b) |", [needs_trl]),
 }
 
