@@ -110,4 +110,5 @@ def build_evaluator(gcfg: Any, policy: PreTrainedModel, tokenizer) -> HFGenerato
         policy, tokenizer.pad_token_id, tokenizer.eos_token_id,
         chunk_size=gcfg.chunk_size if hf else 512,
         sampler=gcfg.sampler if hf else "cached_loop",  # the token sampler, not the buffer's
+        compile=gcfg.get("compile", False) if hf else False,
     )  # fmt: skip

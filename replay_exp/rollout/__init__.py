@@ -38,7 +38,7 @@ def make_generator(
     if gcfg.backend == "hf":
         return HFGenerator(
             policy, pad_id, eos_id, share_weights=share_weights, chunk_size=gcfg.chunk_size,
-            sampler=gcfg.sampler,
+            sampler=gcfg.sampler, compile=gcfg.get("compile", False),
         )  # fmt: skip
     if gcfg.backend == "vllm":
         return VLLMGenerator(

@@ -1,6 +1,8 @@
 """``generation=hf``: sampling from the trainer's transformers model (left padding, KV cache),
-with our KV-cached loop (``generation.sampler=cached_loop``, :mod:`replay_exp.rollout.sampler`)
-or transformers ``generate`` (``generation.sampler=generate``)."""
+with our KV-cached loop (``generation.sampler=cached_loop``, :mod:`replay_exp.rollout.sampler`),
+the same loop over a fixed-shape cache whose decode step can be compiled
+(``generation.sampler=static``, ``generation.compile``, :mod:`replay_exp.rollout.static`) or
+transformers ``generate`` (``generation.sampler=generate``)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from transformers import PreTrainedModel
 
 from replay_exp.rollout.base import Generation, Generator, SamplingParams, completion_mask
 from replay_exp.rollout.sampler import sample_cached
+from replay_exp.rollout.static import StaticSampler
 
-SAMPLERS = ("cached_loop", "generate")
+SAMPLERS = ("cached_loop", "generate", "static")
 
 
 class HFGenerator(Generator):
-    """Samples with our KV-cached loop (``sampler="cached_loop"``) or ``model.generate``.
+    """Samples with our KV-cached loop (``sampler="cached_loop"``), that loop over a static
+    cache (``sampler="static"``; ``compile=True`` compiles its decode step once per shape) or
+    ``model.generate``.
 
     ``share_weights=True`` samples from the trainer's own module (no copy; only valid when
     weights are synced after every update); otherwise the generator keeps a private copy that
@@ -30,11 +35,19 @@ class HFGenerator(Generator):
         share_weights: bool = True,
         chunk_size: int = 256,
         sampler: str = "cached_loop",
+        compile: bool = False,
     ):
         if sampler not in SAMPLERS:
             raise ValueError(f"generation.sampler={sampler!r} is unknown; choose one of {SAMPLERS}")
-        self.sampler = sampler
+        if compile and sampler != "static":
+            raise ValueError(
+                f"generation.compile=true compiles the static sampler's decode step; "
+                f"generation.sampler={sampler} has none (use generation.sampler=static)"
+            )
+        self.sampler, self.compile = sampler, compile
         self.model = policy if share_weights else copy.deepcopy(policy)
+        # The static sampler keeps its compiled step (and, compiling, its cache) across calls.
+        self._static = StaticSampler(self.model, compile) if sampler == "static" else None
         self.share_weights = share_weights
         self.pad_id, self.eos_id, self.chunk_size = pad_id, eos_id, chunk_size
         self.version = 0
@@ -64,7 +77,8 @@ class HFGenerator(Generator):
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
-        sample = self._sample_cached if self.sampler == "cached_loop" else self._sample_generate
+        sample = {"cached_loop": self._sample_cached, "generate": self._sample_generate,
+                  "static": self._sample_static}[self.sampler]  # fmt: skip
         rng = torch.Generator(device=device).manual_seed(seed)
         torch.manual_seed(seed)  # generate() draws from the global generator
         ids, logps = [], []
@@ -79,6 +93,9 @@ class HFGenerator(Generator):
 
     def _sample_cached(self, p_ids, p_mask, params, rng):
         return sample_cached(self.model, p_ids, p_mask, params, rng, self.eos_id, self.pad_id)
+
+    def _sample_static(self, p_ids, p_mask, params, rng):
+        return self._static.sample(p_ids, p_mask, params, rng, self.eos_id, self.pad_id)
 
     def _sample_generate(self, p_ids, p_mask, params, rng):
         greedy = params.temperature == 0
