@@ -36,9 +36,8 @@ tiny Qwen3 of the tests. One device, one process.
    ``forward_flops = sum over rows of 2 N T + 2 n_layers a T^2``, T = P + L, N =
    ``ledger.flop_params`` (every parameter but the input embedding: the untied lm_head included;
    596.0 M at Qwen3-0.6B's shape), a = the attention width (query heads x head_dim = 2048 for
-   Qwen3-0.6B, twice its hidden size; QK^T and AV contract over it. The training loop's ledger
-   (``replay_exp/loop.py``) passes ``hidden_size`` there, the same for Qwen2 / Llama but half
-   of a for Qwen3, so its logged FLOPs count half this attention term). So one update costs
+   Qwen3-0.6B, twice its hidden size; QK^T and AV contract over it: ``ledger.attention_width``,
+   what the training loop's ledger uses too). So one update costs
    6 N T + 6 n_layers a T^2 per row: the attention term is the causal half of the usual
    12 n_layers a T^2 (PaLM's convention counts the masked half too). Gradient checkpointing's
    extra forward is NOT counted (MFU, not hardware FLOPs utilisation). MFU = FLOPs / (median
@@ -97,7 +96,7 @@ from pathlib import Path
 
 import torch
 
-from replay_exp.compute.ledger import flop_params, forward_flops
+from replay_exp.compute.ledger import attention_width, flop_params, forward_flops
 from replay_exp.config.composition import compose
 from replay_exp.models import count_params
 from replay_exp.models.precision import compute_in
@@ -157,13 +156,6 @@ TABLE_HEAD = (
 
 
 # -- FLOPs and peaks ---------------------------------------------------------------------------
-
-
-def attention_width(config) -> int:
-    """What QK^T and AV contract over per layer: query heads x head dim (2048 for Qwen3-0.6B,
-    whose hidden size is 1024)."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return config.num_attention_heads * head_dim
 
 
 def update_flops(

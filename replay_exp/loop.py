@@ -40,7 +40,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from replay_exp.buffer import as_spec, make_buffer
 from replay_exp.buffer.replay import collect_stats, collect_telemetry
 from replay_exp.checkpoint import atomic_write_text
-from replay_exp.compute.ledger import Ledger, flop_params, sequence_lengths
+from replay_exp.compute.ledger import Ledger, attention_width, flop_params, sequence_lengths
 from replay_exp.config.derive import Derived
 from replay_exp.config.errors import RunStopped
 from replay_exp.config.schemas import EVAL_UNITS
@@ -136,7 +136,7 @@ def build_parts(
         units_per_step=d.paper_units_per_step if cfg.schedule.name == "async" else None,
         n_params=flop_params(policy),
         n_layers=policy.config.num_hidden_layers,
-        hidden=policy.config.hidden_size,
+        hidden=attention_width(policy.config),
     )
     parts = Parts(
         built=built, model=model, ref_model=ref_model, optimizer=optimizer, buffer=buffer,

@@ -39,6 +39,13 @@ def flop_params(model: torch.nn.Module) -> int:
     return n + (emb.numel() if tied else 0)
 
 
+def attention_width(config) -> int:
+    """What QK^T and AV contract over per layer: query heads x head dim. The hidden size for
+    Llama and Qwen2; twice it for Qwen3-0.6B (16 heads x 128, hidden 1024)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_attention_heads * head_dim
+
+
 def sequence_lengths(batch) -> torch.Tensor:
     """Real tokens (prompt + completion) per rollout of a RolloutBatch (none for None)."""
     if batch is None:
@@ -47,7 +54,8 @@ def sequence_lengths(batch) -> torch.Tensor:
 
 
 def forward_flops(n_params: int, n_layers: int, hidden: int, lengths: torch.Tensor) -> float:
-    """Analytic forward FLOPs of sequences with the given real-token ``lengths``."""
+    """Analytic forward FLOPs of sequences with the given real-token ``lengths``; ``hidden``:
+    the attention width (:func:`attention_width`)."""
     T = lengths.double()
     return float((2 * n_params * T + 2 * n_layers * hidden * T * T).sum())
 
@@ -58,7 +66,7 @@ class Ledger:
     batch_size: int  # B of the config: normalises paper units
     n_params: int
     n_layers: int
-    hidden: int
+    hidden: int  # the attention width (attention_width: heads x head_dim)
     units_per_step: float | None = None  # fixed paper units per step (async: gamma)
     steps: int = 0
     rollouts: int = 0  # unique rollouts generated
