@@ -51,6 +51,7 @@ CASES = {
     "emergent_reuse": (["--out", "{tmp}/out"], "| launch | mu | (W,T) | variant |", [needs_dist]),
     "generation_cost": ([], "| mu target | realised | realised / target |", [needs_dist]),
     "generation_fastpath": (["--threads", "1"], "| model | params | arm | first call s |", []),
+    "master_weights": ([], "| 1e-06 | pure_bf16 |", []),
     "qwen3_width": (["--threads", "1"], "tiny (--smoke):", [covered_elsewhere]),
     "sweep_throughput": ([], "local, sequential, default threads: 1 runs in", []),
     "throughput": (["--threads", "1", "--out", "{tmp}/out.json"], "| ours | train GRPO |", []),

@@ -171,6 +171,7 @@ def test_kit_is_complete_on_an_emulated_image(tmp_path):
     # Every check ran (vllm is not in this venv: SKIP, never counted as a pass).
     assert status == {
         "env": "PASS", "matmul_peak": "PASS", "hub_model": "PASS",
+        "mixed_precision": "PASS", "throughput": "PASS",
         "default/on_policy": "PASS", "default/fifo": "PASS", "default/shared_prefix": "PASS",
         "hub/on_policy": "PASS", "hub/fifo": "PASS", "hub/shared_prefix": "PASS",
         "determinism": "PASS", "resume": "PASS", "async_runtime": "PASS",

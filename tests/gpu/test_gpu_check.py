@@ -11,38 +11,49 @@ must be importable: gpu_check.sh puts it on PYTHONPATH, the project is never ins
 A check that fails leaves the next ones to run; one that needs an earlier one's output (a run,
 the hub model) fails with that one's error.
 
-Two models, each on the device in its dtype (cuda: bfloat16, 20 steps; cpu: float32, 4 steps):
-``default``, the embedded default (tiny Llama, shipped warm start), and ``hub``, a random Qwen2
-saved like a hub checkpoint by ``replay_exp.models.tiny_hub`` (cuda: ~100 M parameters; cpu:
-its tiny default sizes), loaded with ``model=<dir>``; both on the arithmetic task.
+Two models, each on the device in its compute dtype (cuda: bfloat16 over float32 master
+weights, 20 steps; cpu: float32, 4 steps), every run with ``deterministic=true``: ``default``,
+the embedded default (tiny Llama, shipped warm start, cast to the compute dtype), and ``hub``, a
+random Qwen2 saved like a hub checkpoint by ``replay_exp.models.tiny_hub`` (cuda: ~100 M
+parameters; cpu: its tiny default sizes), loaded with ``model=<dir>``; both on the arithmetic
+task. The checks run in this order, the ones issue 43 asks first (a cap that cuts the run cuts
+the tail):
 
 1. ``env``            versions, the device, its memory.
 2. ``matmul_peak``    the matrix-product rate every MFU below is divided by, measured here
                       (cuda: 8192^3 in bfloat16, CUDA events; cpu: 1024^3 in float32, one
                       thread, as the runs; a loaded CPU makes every CPU MFU rough).
 3. ``hub_model``      build and save the hub-format Qwen2.
-4. ``<model>/on_policy``  ``python -m replay_exp.train buffer=on_policy``: finished, loss finite
+4. ``mixed_precision`` bench/master_weights.py on the hub model: one AdamW step at lr 1e-6
+                      under bf16 compute over float32 master weights keeps the float32 update
+                      (>= 0.95 of it), pure bf16 weights lose it (< 0.1).
+5. ``determinism``    the default model's FIFO run (y = 2) twice, same config and seed, with
+                      ``deterministic=true``: metrics (wall clock aside), per-problem eval
+                      results and final weights bitwise equal. If not, the size of the
+                      difference is reported (FAIL).
+6. ``resume``         the same run SIGKILLed once a snapshot past step 2 is on disk, relaunched:
+                      equal to the uninterrupted run as in tests/test_resume.py; if not, the
+                      difference against the run-to-run difference of check 5.
+7. ``async_runtime``  runtime=distributed (replay_exp/runtime): one generator and one trainer
+                      process sharing the device, hf generators, the default model: finished,
+                      every rollout accounted for; reuse, mu T / W and steps/s reported.
+8. ``throughput``     bench/throughput.py: trainer tokens/s and MFU at Qwen3-0.6B's shape,
+                      generation tokens/s (hf cached loop, static fast path, vLLM if present)
+                      beside the published anchors (cpu: its --smoke shape).
+9. ``<model>/on_policy``  ``python -m replay_exp.train buffer=on_policy``: finished, loss finite
                       at every step, importance ratio 1 (fresh rollouts, mean and extremes within
                       the dtype's tolerance); generation tokens/s and training MFU (the run's
                       compute ledger: analytic FLOPs over measured seconds, steps 2..N), peak
                       device memory of the training process.
-5. ``<model>/fifo``   the same through a FIFO buffer with reuse y = 2: finished, loss finite,
+10. ``<model>/fifo``  the same through a FIFO buffer with reuse y = 2: finished, loss finite,
                       the buffer replayed (a batch held rollouts of an older policy).
-6. ``<model>/shared_prefix``  the shared-prompt forward (replay_exp/models/shared_prefix.py)
+11. ``<model>/shared_prefix``  the shared-prompt forward (replay_exp/models/shared_prefix.py)
                       against a full [prompt | completion] forward of the run's final model on
                       the device: log-probs and gradients within the dtype's tolerance.
-7. ``determinism``    the default model's FIFO run again, same config and seed: metrics (wall
-                      clock aside), per-problem eval results and final weights bitwise equal.
-                      If not, the size of the difference is reported (FAIL).
-8. ``resume``         the same run SIGKILLed once a snapshot past step 2 is on disk, relaunched:
-                      equal to the uninterrupted run as in tests/test_resume.py; if not, the
-                      difference against the run-to-run difference of check 7.
-9. ``async_runtime``  runtime=distributed (replay_exp/runtime): one generator and one trainer
-                      process on the device, hf generators, the default model: finished, every
-                      rollout accounted for; reuse, mu T / W and steps/s reported.
-10. ``async_runtime_vllm``  the same with vLLM generators (generation=vllm, the hub model,
-                      gpu_memory_utilization 0.3) when ``import vllm`` works; SKIP otherwise.
-11. ``vllm``          scripts/gpu_check_vllm.py (engine, log-probs, weight sync, snapshot,
+12. ``async_runtime_vllm``  the async runtime with vLLM generators (generation=vllm, the hub
+                      model, gpu_memory_utilization 0.3) when ``import vllm`` works; SKIP
+                      otherwise.
+13. ``vllm``          scripts/gpu_check_vllm.py (engine, log-probs, weight sync, snapshot,
                       ``generation=vllm`` runs) on the device, only when ``import vllm`` works;
                       SKIP otherwise.
 """
@@ -67,6 +78,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+BENCH = SCRIPTS.parent / "bench"
 # -S passes on to every child (tests/test_gpu_kit.py runs the check without site-packages).
 PYTHON = [sys.executable, *(["-S"] if sys.flags.no_site else [])]
 # Tolerances per dtype: |log-prob difference| (max, mean); relative gradient difference.
@@ -380,7 +392,8 @@ class Lab:
             f"device={settings.device}", f"model.dtype={settings.dtype}", "task.n_eval=64",
             "eval.sampled_problems=8", "logger.progress=false", "checkpoint.every=null",
             "save_final_model=false", f"schedule.max_steps={self.steps}",
-            f"eval.every={self.steps}", *([] if settings.cuda else ["threads=1"]),
+            f"eval.every={self.steps}", "deterministic=true",
+            *([] if settings.cuda else ["threads=1"]),
         ]  # fmt: skip
 
     def left(self) -> float:
@@ -397,8 +410,8 @@ class Lab:
 
     def model_args(self, model: str) -> list[str]:
         if model == "default":
-            # float32 (cpu): the shipped warm start. bfloat16 (cuda) is another recipe: its
-            # warm start (800 supervised steps) is trained once on the device, cached here.
+            # The shipped warm start in every dtype (trained in float32, cast: never
+            # retrained); the cache folder only matters if that ever breaks.
             return [f"model.warm_start.cache_dir={self.tmp / 'warm_start'}"]
         if self.hub_dir is None:
             raise RuntimeError("no hub model: hub_model failed")
@@ -515,6 +528,118 @@ def test_hub_model(lab, check):
     check.detail = f"{n / 1e6:.1f} M parameters (random), saved to {out}"
 
 
+def test_mixed_precision(lab, check):
+    """One AdamW step at lr 1e-6 on the hub model, three ways (bench/master_weights.py): bf16
+    compute over float32 master weights keeps the float32 update, pure bf16 weights lose it
+    (the bounds: tests/models/test_precision.py)."""
+    lab.need(30)
+    if lab.hub_dir is None:
+        raise RuntimeError("no hub model: hub_model failed")
+    out = lab.tmp / "master_weights.json"
+    cmd = [*PYTHON, str(BENCH / "master_weights.py"), "--device", lab.s.device, "--model",
+           str(lab.hub_dir), "--lrs", "1e-6", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=lab.tmp, capture_output=True, text=True,
+                          timeout=max(min(lab.left() - 5, 120), 1))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["way"]: r for r in json.loads(out.read_text())["rows"]}
+    check.numbers.update(rows=list(rows.values()))
+    mp, pure = rows["master_bf16"], rows["pure_bf16"]
+    check.detail = (
+        f"lr 1e-6: bf16 compute + fp32 master keeps {mp['kept']:.4f} of the fp32 update "
+        f"({mp['moved']:.1%} of entries moved); pure bf16 keeps {pure['kept']:.4f} "
+        f"({pure['moved']:.1%} moved)"
+    )
+    assert mp["kept"] >= 0.95 and abs(mp["norm_ratio"] - 1) <= 0.05, "master weights lost it"
+    assert pure["kept"] < 0.10, "pure bf16 kept the update: is the step above its resolution?"
+
+
+def test_determinism(lab, check):
+    lab.need(20)
+    ref = lab.fifo("default")
+    again = lab.tmp / "default" / "fifo_again"
+    rc, tail, _ = train(ref.overrides, again, lab.run_timeout())
+    finished(again, rc, tail, ref.steps)
+    nums = check.numbers
+    nums.update(compare_runs(ref.run_dir, again))
+    lab.run_to_run = nums["max_rel_diff"]
+    check.detail = f"{ref.steps} steps: metrics, eval details and final weights bitwise equal"
+    assert nums["equal"], (
+        f"two runs of the same config and seed differ: max rel. diff "
+        f"{nums['max_rel_diff']:.2e} ({nums['max_rel_diff_key']}), first "
+        f"{nums['first_difference']}"
+        + ("; deterministic=true was on: an op without a deterministic kernel, or a "
+           "setting the switch misses" if lab.s.cuda else "")
+    )  # fmt: skip
+
+
+def test_resume(lab, check):
+    lab.need(30)
+    ref = lab.fifo("default")
+    killed = lab.tmp / "default" / "fifo_killed"
+    train(ref.overrides, killed, lab.run_timeout(), kill_past=2)
+    assert not (killed / "summary.json").exists(), "the run finished before it was killed"
+    nums = check.numbers
+    nums["rows_when_killed"] = len(read_rows(killed))
+    rc, tail, _ = train(ref.overrides, killed, lab.run_timeout())
+    finished(killed, rc, tail, ref.steps)
+    assert "resuming from" in (killed / "train.log").read_text(), "did not resume"
+    nums.update(compare_runs(ref.run_dir, killed))
+    nums["run_to_run_max_rel_diff"] = lab.run_to_run
+    check.detail = (
+        f"killed with {nums['rows_when_killed']} rows logged, resumed: metrics, eval "
+        "details and final weights bitwise equal to the uninterrupted run"
+    )
+    assert nums["equal"], (
+        f"resumed run differs from the uninterrupted one: max rel. diff "
+        f"{nums['max_rel_diff']:.2e} ({nums['max_rel_diff_key']}; two uninterrupted runs: "
+        f"{lab.run_to_run}), first {nums['first_difference']}"
+    )
+
+
+def _async_runtime(lab, check, backend: str) -> None:
+    """runtime=distributed, W=1 T=1 on the device: hf generators on the default model, or vLLM
+    generators (sharing the GPU with the trainer process) on the hub model."""
+    model = "default" if backend == "hf" else "hub"
+    extra = []
+    if backend == "vllm":
+        extra = ["generation=vllm", "generation.gpu_memory_utilization=0.3"]
+    run_dir = lab.tmp / model / f"async_{backend}"
+    overrides = merge(lab.model_args(model), lab.common, DISTRIBUTED, extra)
+    rc, tail, _ = train(overrides, run_dir, lab.run_timeout())
+    finished(run_dir, rc, tail, lab.steps)
+    rt = json.loads((run_dir / "summary.json").read_text())["runtime"]
+    check.numbers.update({k: v for k, v in rt.items() if k != "off_policiness_hist"})
+    check.detail = (
+        f"{lab.steps} steps, W=1 T=1 ({backend}): reuse {rt['reuse']:.2f} (mu T/W "
+        f"{rt['first_order_reuse']:.2f}), {rt['steps_per_second']:.2f} steps/s, "
+        f"{rt['generated']} rollouts all accounted for"
+    )
+    assert rt["balanced"], f"rollouts unaccounted for: {rt}"
+
+
+def test_async_runtime(lab, check):
+    lab.need(30)
+    _async_runtime(lab, check, "hf")
+
+
+def test_throughput(lab, check):
+    """bench/throughput.py on the device: trainer tokens/s and MFU at Qwen3-0.6B's shape
+    (responses of 1 k and 4 k tokens), generation tokens/s (hf cached loop, the static fast
+    path, vLLM where it imports), beside the published anchors; on CPU its --smoke shape."""
+    lab.need(60)
+    out = lab.tmp / "throughput.json"
+    budget = max(min(lab.left() - 30, 200), 30)
+    size = ["--max-seconds", str(int(budget))] if lab.s.cuda else ["--smoke", "--threads", "1"]
+    cmd = [*PYTHON, str(BENCH / "throughput.py"), "--device", lab.s.device, "--out", str(out),
+           *size]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=lab.tmp, capture_output=True, text=True,
+                          timeout=budget + 25)  # fmt: skip
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    check.numbers.update(json.loads(out.read_text()))
+    check.detail = f"table above; {out.name} in the report's numbers"
+
+
 def test_on_policy(lab, check, model):
     lab.need(20)
     run = lab.on_policy(model)
@@ -569,75 +694,6 @@ def test_shared_prefix(lab, check, model):
     assert nums["logp_absdiff_max"] <= tol_max, f"log-prob gap > {tol_max}"
     assert nums["logp_absdiff_mean"] <= tol_mean, f"mean log-prob gap > {tol_mean}"
     assert nums["grad_rel_diff"] <= GRAD_TOL[lab.s.dtype], f"gradients > {GRAD_TOL[lab.s.dtype]}"
-
-
-def test_determinism(lab, check):
-    lab.need(20)
-    ref = lab.fifo("default")
-    again = lab.tmp / "default" / "fifo_again"
-    rc, tail, _ = train(ref.overrides, again, lab.run_timeout())
-    finished(again, rc, tail, ref.steps)
-    nums = check.numbers
-    nums.update(compare_runs(ref.run_dir, again))
-    lab.run_to_run = nums["max_rel_diff"]
-    check.detail = f"{ref.steps} steps: metrics, eval details and final weights bitwise equal"
-    assert nums["equal"], (
-        f"two runs of the same config and seed differ: max rel. diff "
-        f"{nums['max_rel_diff']:.2e} ({nums['max_rel_diff_key']}), first "
-        f"{nums['first_difference']}"
-        + ("; on CUDA, atomics (index_add_ backward, scatter) sum in run-dependent order"
-           if lab.s.cuda else "")
-    )  # fmt: skip
-
-
-def test_resume(lab, check):
-    lab.need(30)
-    ref = lab.fifo("default")
-    killed = lab.tmp / "default" / "fifo_killed"
-    train(ref.overrides, killed, lab.run_timeout(), kill_past=2)
-    assert not (killed / "summary.json").exists(), "the run finished before it was killed"
-    nums = check.numbers
-    nums["rows_when_killed"] = len(read_rows(killed))
-    rc, tail, _ = train(ref.overrides, killed, lab.run_timeout())
-    finished(killed, rc, tail, ref.steps)
-    assert "resuming from" in (killed / "train.log").read_text(), "did not resume"
-    nums.update(compare_runs(ref.run_dir, killed))
-    nums["run_to_run_max_rel_diff"] = lab.run_to_run
-    check.detail = (
-        f"killed with {nums['rows_when_killed']} rows logged, resumed: metrics, eval "
-        "details and final weights bitwise equal to the uninterrupted run"
-    )
-    assert nums["equal"], (
-        f"resumed run differs from the uninterrupted one: max rel. diff "
-        f"{nums['max_rel_diff']:.2e} ({nums['max_rel_diff_key']}; two uninterrupted runs: "
-        f"{lab.run_to_run}), first {nums['first_difference']}"
-    )
-
-
-def _async_runtime(lab, check, backend: str) -> None:
-    """runtime=distributed, W=1 T=1 on the device: hf generators on the default model, or vLLM
-    generators (sharing the GPU with the trainer process) on the hub model."""
-    model = "default" if backend == "hf" else "hub"
-    extra = []
-    if backend == "vllm":
-        extra = ["generation=vllm", "generation.gpu_memory_utilization=0.3"]
-    run_dir = lab.tmp / model / f"async_{backend}"
-    overrides = merge(lab.model_args(model), lab.common, DISTRIBUTED, extra)
-    rc, tail, _ = train(overrides, run_dir, lab.run_timeout())
-    finished(run_dir, rc, tail, lab.steps)
-    rt = json.loads((run_dir / "summary.json").read_text())["runtime"]
-    check.numbers.update({k: v for k, v in rt.items() if k != "off_policiness_hist"})
-    check.detail = (
-        f"{lab.steps} steps, W=1 T=1 ({backend}): reuse {rt['reuse']:.2f} (mu T/W "
-        f"{rt['first_order_reuse']:.2f}), {rt['steps_per_second']:.2f} steps/s, "
-        f"{rt['generated']} rollouts all accounted for"
-    )
-    assert rt["balanced"], f"rollouts unaccounted for: {rt}"
-
-
-def test_async_runtime(lab, check):
-    lab.need(30)
-    _async_runtime(lab, check, "hf")
 
 
 def test_async_runtime_vllm(lab, check):
