@@ -144,7 +144,10 @@ BAD = [
     (["generation.backend=sglang"],
      "generation.backend=sglang is unknown; choose one of ['hf', 'vllm']"),
     (["generation.sampler=beam"],
-     "generation.sampler=beam is unknown; choose one of ['cached_loop', 'generate']"),
+     "generation.sampler=beam is unknown; choose one of ['cached_loop', 'generate', 'static']"),
+    (["generation.compile=true"],
+     "generation.compile=true compiles the static decode step; it needs "
+     "generation.sampler=static (given: cached_loop)"),
     (
         ["algo.loss_agg=sum"],
         "algo.loss_agg=sum is unknown; choose one of ['seq_mean', 'seq_sum_norm', 'token_mean']",

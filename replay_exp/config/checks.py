@@ -93,6 +93,11 @@ def check_generation(cfg: DictConfig) -> None:
     g, s = cfg.generation, cfg.schedule
     if g.backend == "hf" and g.sampler not in SAMPLERS:
         fail(f"generation.sampler={g.sampler} is unknown; choose one of {sorted(SAMPLERS)}")
+    if g.backend == "hf" and g.compile and g.sampler != "static":
+        fail(
+            f"generation.compile=true compiles the static decode step; it needs "
+            f"generation.sampler=static (given: {g.sampler})"
+        )
     if g.behaviour_logp not in BEHAVIOUR_LOGP_SOURCES:
         fail(f"generation.behaviour_logp={g.behaviour_logp} is unknown; choose engine or trainer")
     if g.backend == "vllm":
