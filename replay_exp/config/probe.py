@@ -33,6 +33,14 @@ def probe_inputs(cfg: DictConfig) -> tuple[int, int]:
             f"model.chat_template=true, but the tokenizer of {where} has no chat template; set "
             "model.chat_template=false"
         )
+    if g.backend == "hf" and g.sampler == "static" and saved_model:
+        layers = set(saved_model.get("layer_types") or ["full_attention"])
+        if saved_model.get("use_sliding_window") or layers != {"full_attention"}:
+            fail(
+                f"generation.sampler=static needs full attention in every layer; "
+                f"model.pretrained={pretrained} has {sorted(layers)} (use_sliding_window="
+                f"{saved_model.get('use_sliding_window')}); use generation.sampler=cached_loop"
+            )
     task = make_task(cfg.task)
     max_prompt_len = task.max_prompt_tokens
     if pretrained is not None and not TASKS[cfg.task.name].needs_pretrained:

@@ -199,6 +199,23 @@ def test_refusals():
         sample_static(qwen, ids, mask, SamplingParams(0.0, 1.0, 4), None, 2, 0)
 
 
+def test_resolve_refuses_static_on_a_sliding_window_checkpoint(tmp_path):
+    """A saved model with a sliding-window layer is refused by resolve() in one line, before
+    any compute (not at the first generation)."""
+    tok = build_char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, use_sliding_window=True,
+        sliding_window=4, max_window_layers=0, max_position_embeddings=64,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    overrides = ["model=pretrained", f"model.pretrained={tmp_path / 'm'}", "model.dtype=float32"]
+    resolve(compose(overrides))  # cached_loop: fine
+    with pytest.raises(ConfigError, match="generation.sampler=static needs full attention"):
+        resolve(compose([*overrides, "generation.sampler=static"]))
+
+
 def test_resolve_accepts_static_and_refuses_an_unknown_sampler():
     cfg, _ = resolve(compose(["generation.sampler=static", "generation.compile=true"]))
     assert cfg.generation.sampler == "static" and cfg.generation.compile is True
