@@ -163,6 +163,18 @@ def _pct(v: float) -> str:
     return "never gets there" if math.isinf(v) else f"{100 * v:+.0f}%"
 
 
+def _to_final(r) -> str:
+    """The saving to the baseline's final accuracy with its interval, or "not reached"."""
+    v = r.get("saving_final", math.nan)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if math.isinf(v):
+        return "not reached"
+    lo, hi = r["saving_final_lo"], r["saving_final_hi"]
+    low = "not reached" if math.isinf(lo) else _pct(lo)
+    return f"{_pct(v)} [{low}, {_pct(hi)}]"
+
+
 def make_report(
     paths: list[Path],
     x: str = "compute",
@@ -439,7 +451,10 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         "seeds are paired where "
         f"both arms ran the same ones. final = at that {x}; peak = best evaluation of each "
         f"curve; saving = 1 - {x}_config / {x}_baseline to reach {frac:.0%} of the baseline's "
-        "peak. Verdict: better / worse when the interval excludes 0, else not separable. "
+        f"peak; to baseline final = 1 - {x}_config / {x}_matched to reach the baseline's "
+        "seed-mean final accuracy (the share of the baseline's budget it saves; not reached: "
+        "the curve never gets there). Verdict: better / worse when the interval excludes 0, "
+        "else not separable. "
         "MDE: the minimal detectable effect, the true difference a two-sided 5 % test would "
         "detect with 80 % power at these seeds (t intervals only): a not-separable verdict "
         "rules out effects larger than about that, not smaller ones.",
@@ -457,7 +472,8 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
         ]
     header = (
         "| configuration | seeds (paired) | final diff [95 % CI] | verdict | peak diff [95 % CI] "
-        f"| verdict | {x} saving [95 % CI] | verdict | stability [95 % CI] | verdict "
+        f"| verdict | {x} saving [95 % CI] | verdict | {x} saved to baseline final [95 % CI] "
+        "| stability [95 % CI] | verdict "
         "| MDE final / peak | per-seed final diffs |"
         + (f" final vs margin ±{margin:g} |" if margin is not None else "")
     )
@@ -471,7 +487,8 @@ def _stats_markdown(stats: pd.DataFrame, x: str, frac: float, n_boot: int = 2000
             f"[{_signed(r['final_lo'])}, {_signed(r['final_hi'])}] | {r['final_verdict']} | "
             f"{_signed(r['peak'])} [{_signed(r['peak_lo'])}, {_signed(r['peak_hi'])}] | "
             f"{r['peak_verdict']} | {_pct(r['saving'])} [{_pct(r['saving_lo'])}, "
-            f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_signed(r['stability'])} "
+            f"{_pct(r['saving_hi'])}] | {r['saving_verdict']} | {_to_final(r)} | "
+            f"{_signed(r['stability'])} "
             f"[{_signed(r['stability_lo'])}, {_signed(r['stability_hi'])}] | "
             f"{r['stability_verdict']} | {_mde(r, 'final')} / {_mde(r, 'peak')} | {per_seed} |"
             + (f" {r['final_equivalence']} |" if margin is not None else "")

@@ -11,6 +11,13 @@ or rollouts), this module estimates four differences and their 95 % intervals:
 - **saving**: ``1 - x_config / x_baseline`` where each x is the compute the seed-mean curve needs
   to reach ``frac`` x the baseline's peak (``replay_exp.analysis.curves.compute_to_target``;
   a configuration that never gets there saves ``-inf``);
+- **saving_final**: the user's number, ``1 - x_config / x_matched`` where ``x_config`` is the
+  compute the configuration's seed-mean curve needs to reach the baseline's seed-mean
+  **final** accuracy and ``x_matched`` the compute the baseline spent to get it (the last
+  matched x): how much of the baseline's budget reaching its final accuracy saves. ``-inf``
+  (the report: "not reached") when the curve never gets there. It differs from ``saving``,
+  which asks for ``frac`` of the baseline's peak and divides by the baseline's own x to reach
+  it;
 - **stability**: the baseline's mean drawdown minus the configuration's, where a run's drawdown
   is the largest drop of its curve below its own running peak
   (``replay_exp.analysis.curves.drawdown``), averaged over seeds: positive = the configuration
@@ -86,7 +93,7 @@ from replay_exp.analysis.curves import (
 from replay_exp.eval.estimators import decode_details, pass_at_k_per_problem
 from replay_exp.runlog import jsonl_file, read_metrics
 
-STATS = ("final", "peak", "saving", "stability")
+STATS = ("final", "peak", "saving", "saving_final", "stability")
 END_TOL = 1e-3  # relative: how far short of a grid point a run's last evaluation may be
 VERDICTS = ("better", "worse", "not separable")
 # Interval methods of compare(): "t" (the default, chosen by
@@ -202,17 +209,20 @@ def _statistics(
     dd_arm: np.ndarray,
     dd_base: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """final / peak differences, the saving and the stability, for curves [K, R] (R
+    """final / peak differences, the two savings and the stability, for curves [K, R] (R
     replicates) and mean drawdowns [R]."""
     target = frac * m_base.max(axis=0)
     x_arm = compute_to_target_columns(grid, m_arm, target)
     x_base = compute_to_target_columns(grid, m_base, target)
     with np.errstate(divide="ignore", invalid="ignore"):
         saving = np.where(x_base > 0, 1.0 - x_arm / np.where(x_base > 0, x_base, 1), np.nan)
+    # Reaching the baseline's final accuracy, against the budget the baseline spent on it.
+    x_final = compute_to_target_columns(grid, m_arm, m_base[-1])
     return {
         "final": m_arm[-1] - m_base[-1],
         "peak": m_arm.max(axis=0) - m_base.max(axis=0),
         "saving": saving,
+        "saving_final": 1.0 - x_final / grid[-1] if grid[-1] > 0 else np.full_like(x_final, np.nan),
         "stability": dd_base - dd_arm,
         "x_arm": x_arm,
         "x_base": x_base,
@@ -359,6 +369,7 @@ def compare(
         "interval": method,
         "x_matched": float(grid[-1]),
         "x_to_target": float(point["x_arm"][0]),
+        "x_to_baseline_final": float((1 - point["saving_final"][0]) * grid[-1]),
         "baseline_x_to_target": float(point["x_base"][0]),
     }
     # Joint replicates (seeds and problems at once): the percentile interval, and under t the

@@ -129,6 +129,23 @@ def test_a_clear_loss_is_worse_and_never_reaching_the_target_saves_minus_inf():
     assert out["saving_verdict"] == "worse"
 
 
+def test_saving_to_the_baselines_final_by_hand():
+    """The baseline ends at 0.5 at x = 10 (GRID 0, 5, 10). An arm at (0.3, 0.6, 0.7) passes
+    0.5 between x = 0 (0.3) and 5 (0.6): at 0 + (0.5 - 0.3) / (0.6 - 0.3) * 5 = 3.333, so it
+    saves 1 - 3.333 / 10 = 66.7 % of the baseline's budget. (Its 98 %-of-peak saving asks for
+    0.49, which the arm reaches at 0.19 / 0.3 * 5 = 3.167 and the baseline at 5 + 0.09 / 0.1 * 5
+    = 9.5: 1 - 3.167 / 9.5 = 66.7 % too, by another route.) An arm at (0.2, 0.4, 0.45) never
+    gets there: -inf, "not reached"."""
+    base = _arm("base", [0.2, 0.4, 0.5])
+    out = compare(GRID, _arm("better", [0.3, 0.6, 0.7]), base, n_boot=500)
+    assert out["saving_final"] == pytest.approx(1 - (0.2 / 0.3 * 5) / 10)
+    assert out["x_to_baseline_final"] == pytest.approx(0.2 / 0.3 * 5)
+    assert out["saving"] == pytest.approx(1 - (0.19 / 0.3 * 5) / 9.5)
+    assert out["saving_final_lo"] <= out["saving_final"] <= out["saving_final_hi"]
+    out = compare(GRID, _arm("short", [0.2, 0.4, 0.45]), base, n_boot=500)
+    assert out["saving_final"] == -math.inf and out["saving_final_hi"] == -math.inf
+
+
 def test_seed_noise_makes_a_small_gain_not_separable():
     """A +2.5-point gain on average, but seeds scattered by +-40 problems (10 points): with 5
     paired seeds the interval straddles 0."""
