@@ -12,6 +12,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
+import replay_exp.config.naming  # noqa: F401  (registers the resolvers conf/train.yaml uses)
 from replay_exp.config.derive import resolve
 from replay_exp.config.schemas import CONF_DIR, register_configs
 
