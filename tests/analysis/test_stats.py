@@ -347,7 +347,10 @@ def test_report_prints_intervals_and_verdicts(two_arm_sweep, tmp_path):
     # peaks: FIFO 0.60 + s / 200 over seeds 0-2 -> 0.605; baseline 0.505: the peak difference
     assert t.loc["FIFO", "peak"] - t.loc["on-policy", "peak"] == pytest.approx(r["peak"])
     assert t.loc["FIFO", "final"] == pytest.approx(0.605) and t.loc["FIFO", "drawdown"] == 0
-    assert text.count("+60%") == 1 and "saving vs baseline" not in text
+    # To the baseline's final (0.505 at 20): FIFO passes it at 10 * (0.505 - 0.305) / 0.25 = 8,
+    # 1 - 8 / 20 = 0.60, the same rounded percentage by coincidence: each printed once.
+    assert r["saving_final"] == pytest.approx(1 - 8 / 20, abs=1e-3)
+    assert text.count("+60%") == 2 and "saving vs baseline" not in text
     assert "Point estimates: mean over seeds" in text and "B = 1000" in text
 
 
