@@ -75,8 +75,9 @@ def _check_finished(run_dir, trainers: int, wrapper: str = "ddp") -> dict:
         (2, "ddp", []),
         (2, "fsdp", []),
         # float32 master shards, bf16 gathers and autocast, float32 gradient reduction; the
-        # generator samples its float32 copy under bf16 autocast (models/precision.py).
-        (2, "fsdp", ["model.dtype=bfloat16"]),
+        # generator samples its float32 copy under bf16 autocast (models/precision.py), with
+        # the static-cache sampler, every rank under deterministic=true (runtime/process.py).
+        (2, "fsdp", ["model.dtype=bfloat16", "generation.sampler=static", "deterministic=true"]),
     ],
     ids=["W1T1", "W1T2", "fsdp", "fsdp_bf16"],
 )
