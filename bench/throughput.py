@@ -97,6 +97,7 @@ from pathlib import Path
 import torch
 
 from replay_exp.compute.ledger import attention_width, flop_params, forward_flops
+from replay_exp.compute.peak import matmul_peak as measured_peak
 from replay_exp.config.composition import compose
 from replay_exp.models import count_params
 from replay_exp.models.precision import compute_in
@@ -184,36 +185,11 @@ def datasheet_peak(device_name: str) -> float | None:
 
 
 def matmul_peak(device: str, n: int | None = None) -> float:
-    """Measured matmul FLOP/s of ``device``: cuda n^3 (8192) in bfloat16, mean of 10 after 3
-    warm-ups (CUDA events); cpu n^3 (1024) in float32, the fastest of 10."""
+    """Measured matmul FLOP/s of ``device`` (``replay_exp.compute.peak``): cuda n^3 (8192) in
+    bfloat16, cpu n^3 (1024) in float32."""
     cuda = device.startswith("cuda")
-    n = n or (8192 if cuda else 1024)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    reps = 10
-    for _ in range(3):
-        a @ b
-    if cuda:
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        secs = start.elapsed_time(end) / 1e3 / reps
-        del a, b
-        torch.cuda.empty_cache()
-    else:
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t)
-        secs = min(times)
-    return 2 * n**3 / secs
+    dtype = "bfloat16" if cuda else "float32"
+    return measured_peak(device, dtype, n or (8192 if cuda else 1024))["flops_per_s"]
 
 
 # -- trainer -----------------------------------------------------------------------------------

@@ -35,6 +35,31 @@ def next_token(
     return tok_B, logp_BxV.gather(1, tok_B[:, None]).squeeze(1)
 
 
+def sample_loop(
+    logits_BxV: torch.Tensor,
+    advance,
+    params: SamplingParams,
+    rng: torch.Generator | None,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token loop of every KV-cached sampler: draw from ``logits_BxV``, then
+    ``advance(tok_B, t)`` feeds the drawn tokens (step t) and returns the next logits, until
+    every row is past EOS or ``max_new_tokens`` are drawn. Completions (pad after EOS) and
+    their behaviour log-probs."""
+    done_B = torch.zeros(logits_BxV.shape[0], dtype=torch.bool, device=logits_BxV.device)
+    toks, logps = [], []
+    for t in range(params.max_new_tokens):
+        tok_B, logp_B = next_token(logits_BxV.float(), params, rng)
+        toks.append(tok_B.masked_fill(done_B, pad_id))
+        logps.append(logp_B.masked_fill(done_B, 0.0))
+        done_B = done_B | (tok_B == eos_id)
+        if t == params.max_new_tokens - 1 or bool(done_B.all()):
+            break
+        logits_BxV = advance(toks[-1], t)
+    return torch.stack(toks, dim=1), torch.stack(logps, dim=1)
+
+
 @torch.no_grad()
 def sample_cached(
     model: torch.nn.Module,
@@ -48,22 +73,18 @@ def sample_cached(
     """Completions [B, <= max_new_tokens] (pad after EOS) and their behaviour log-probs."""
     logits_BxV, cache, pos_B = prefill(model, prompt_ids_BxP, prompt_mask_BxP)
     attn_BxT = prompt_mask_BxP.long()
-    done_B = torch.zeros(prompt_ids_BxP.shape[0], dtype=torch.bool, device=attn_BxT.device)
-    toks, logps = [], []
-    for t in range(params.max_new_tokens):
-        tok_B, logp_B = next_token(logits_BxV.float(), params, rng)
-        toks.append(tok_B.masked_fill(done_B, pad_id))
-        logps.append(logp_B.masked_fill(done_B, 0.0))
-        done_B = done_B | (tok_B == eos_id)
-        if t == params.max_new_tokens - 1 or bool(done_B.all()):
-            break
+
+    def advance(tok_B: torch.Tensor, t: int) -> torch.Tensor:
+        nonlocal attn_BxT, cache  # the mask and the cache grow by one column a token
         attn_BxT = torch.cat([attn_BxT, torch.ones_like(attn_BxT[:, :1])], dim=1)
         out = model(
-            input_ids=toks[-1][:, None],
+            input_ids=tok_B[:, None],
             attention_mask=attn_BxT,
             position_ids=(pos_B + t)[:, None],
             past_key_values=cache,
             use_cache=True,
         )
-        cache, logits_BxV = out.past_key_values, out.logits[:, -1]
-    return torch.stack(toks, dim=1), torch.stack(logps, dim=1)
+        cache = out.past_key_values
+        return out.logits[:, -1]
+
+    return sample_loop(logits_BxV, advance, params, rng, eos_id, pad_id)

@@ -69,7 +69,7 @@ from transformers.cache_utils import StaticLayer
 from replay_exp.models.precision import compute_dtype, param_dtype
 from replay_exp.models.shared_prefix import prefill
 from replay_exp.rollout.base import SamplingParams
-from replay_exp.rollout.sampler import next_token
+from replay_exp.rollout.sampler import sample_loop
 
 # The static cache's length is rounded up to a multiple of this, so that chunks whose padded
 # prompts differ by a few tokens share one compiled step (the extra columns are masked).
@@ -77,7 +77,7 @@ LENGTH_BUCKET = 32
 
 
 def decode_step(
-    model: torch.nn.Module,
+    model: Callable,
     tok_Bx1: torch.Tensor,
     attn_BxL: torch.Tensor,
     pos_Bx1: torch.Tensor,
@@ -85,7 +85,8 @@ def decode_step(
 ) -> torch.Tensor:
     """One token for every row: writes its keys and values at the cache's write position
     (advancing it) and returns the next-token logits [B, V]. Fixed shapes for a given cache.
-    Calls ``model(...)``, so its forward hooks (the compute dtype's autocast) run."""
+    ``model``: the policy module, whose forward hooks (the compute dtype's autocast) then run,
+    or its ``forward`` (the compiled step, which enters that autocast itself)."""
     out = model(
         input_ids=tok_Bx1,
         attention_mask=attn_BxL,
@@ -114,15 +115,8 @@ def compilable_step(model: torch.nn.Module, device_type: str) -> Callable:
 
     def step(tok_Bx1, attn_BxL, pos_Bx1, cache):
         amp_ctx = torch.autocast(device_type, dtype=amp) if autocast else contextlib.nullcontext()
-        with amp_ctx:
-            out = model.forward(
-                input_ids=tok_Bx1,
-                attention_mask=attn_BxL,
-                position_ids=pos_Bx1,
-                past_key_values=cache,
-                use_cache=True,
-            )
-        return out.logits[:, -1]
+        with amp_ctx:  # model.forward: the same call without the hooks' autocast
+            return decode_step(model.forward, tok_Bx1, attn_BxL, pos_Bx1, cache)
 
     # A code object of its own: torch keeps compiled graphs (and counts them against
     # recompile_limit) per code object, so samplers of one process do not share a budget.
@@ -225,20 +219,14 @@ class StaticSampler:
         attn_BxL[:, :P] = prompt_mask_BxP.long()
         step = self.step_fn(device)
         graphs = self.compile and device.type == "cuda"
-        done_B = torch.zeros(B, dtype=torch.bool, device=device)
-        toks, logps = [], []
+
+        def advance(tok_B: torch.Tensor, t: int) -> torch.Tensor:
+            if graphs:  # the last step's logits are consumed: its buffers may be reused
+                torch.compiler.cudagraph_mark_step_begin()
+            return step(tok_B[:, None], attn_BxL, (pos_B + t)[:, None], cache)
+
         with self.room_for_graph(device, cache):
-            for t in range(params.max_new_tokens):
-                tok_B, logp_B = next_token(logits_BxV.float(), params, rng)
-                toks.append(tok_B.masked_fill(done_B, pad_id))
-                logps.append(logp_B.masked_fill(done_B, 0.0))
-                done_B = done_B | (tok_B == eos_id)
-                if t == params.max_new_tokens - 1 or bool(done_B.all()):
-                    break
-                if graphs:  # the last step's logits are consumed: its buffers may be reused
-                    torch.compiler.cudagraph_mark_step_begin()
-                logits_BxV = step(toks[-1][:, None], attn_BxL, (pos_B + t)[:, None], cache)
-        return torch.stack(toks, dim=1), torch.stack(logps, dim=1)
+            return sample_loop(logits_BxV, advance, params, rng, eos_id, pad_id)
 
 
 def _shape(cache: StaticCache) -> tuple:

@@ -257,39 +257,6 @@ def compare_runs(a: Path, b: Path) -> dict:
 # ---- in-process measurements ----------------------------------------------------------------
 
 
-def matmul_peak(device: str, dtype_name: str, n: int) -> dict:
-    """FLOP/s of an n x n x n product after 3 warm-ups: on cuda the mean of 10 timed with CUDA
-    events; on cpu the fastest of 10 (a shared CPU's other load only slows some of them)."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    b = torch.randn(n, n, device=device, dtype=dtype, generator=g)
-    reps = 10
-    for _ in range(3):
-        a @ b
-    if device == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        secs = start.elapsed_time(end) / 1e3 / reps
-        del a, b
-        torch.cuda.empty_cache()  # leave the device to the training runs
-    else:
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t)
-        secs = min(times)
-    return {"n": n, "dtype": dtype_name, "flops_per_s": 2 * n**3 / secs}
-
-
 def shared_prefix_gaps(model_dir: Path, device: str, dtype_name: str) -> dict:
     """Shared-prompt vs full forward of ``model_dir`` on the device: log-prob gaps on the valid
     completion tokens, and the relative difference of the gradients of a fixed weighting."""
@@ -508,6 +475,8 @@ def test_env(lab, check):
 def test_matmul_peak(lab, check):
     lab.need(5)
     cuda, dtype = lab.s.cuda, lab.s.dtype
+    from replay_exp.compute.peak import matmul_peak
+
     check.numbers.update(matmul_peak(lab.s.device, dtype, 8192 if cuda else 1024))
     lab.peak_flops = check.numbers["flops_per_s"]
     check.detail = f"{check.numbers['n']}^3 {dtype}: {lab.peak_flops / 1e12:.3f} TFLOP/s"
