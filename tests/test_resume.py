@@ -76,9 +76,10 @@ def _files(run_dir) -> dict:
         ("fast", ["buffer=fifo", "schedule.sync_every=3"]),
         # The embedded default at its default thread count, replaying (conftest.default_small).
         ("default_small", []),
-        # bfloat16 compute over float32 master weights (models/precision.py): the snapshot
-        # holds the master weights and Adam's float32 state, so the resume is bitwise too.
-        ("fast", ["model.dtype=bfloat16", "buffer=fifo", "schedule.sync_every=3"]),
+        # bfloat16 compute over float32 master weights (models/precision.py), the embedded
+        # default at its default thread count: the snapshot holds the master weights and
+        # Adam's float32 state, so the resume is bitwise too.
+        ("default_small", ["model.dtype=bfloat16", "schedule.sync_every=3"]),
     ],
     ids=["on_policy", "fifo_sync3", "default_threads", "bf16_master"],
 )
