@@ -45,6 +45,7 @@ from replay_exp.config.derive import Derived
 from replay_exp.config.errors import RunStopped
 from replay_exp.config.schemas import EVAL_UNITS
 from replay_exp.config.seeding import derive_seed
+from replay_exp.control import make_controller
 from replay_exp.eval.evaluate import encode_details, evaluate
 from replay_exp.models import load_policy
 from replay_exp.models.build import BuiltPolicy, build_evaluator, build_policy
@@ -82,6 +83,7 @@ class Parts:
     logger: Any = None
     details_log: MetricsWriter | None = None
     evaluator: Any = None  # the generation backend evaluations sample from
+    controller: Any = None  # controller=adaptive's (replay_exp.control); None: fixed knobs
 
 
 def build_parts(
@@ -127,9 +129,12 @@ def build_parts(
     )
     spec = cfg.buffer if rank is None else as_spec(cfg.buffer, shards=1)
     buffer = make_buffer(
-        spec, capacity=d.capacity_per_trainer, max_prompt_len=d.max_prompt_len,
+        spec, capacity=d.max_capacity or d.capacity_per_trainer, max_prompt_len=d.max_prompt_len,
         max_completion_len=d.max_new_tokens, seed=derive_seed(cfg.seed, "buffer", *tags),
     )  # fmt: skip
+    # controller=adaptive (in process only): it sets the buffer's N (from derived.capacity,
+    # up to the store's max_capacity), the optimizer's lr and the step's R.
+    controller = make_controller(cfg, d, buffer, optimizer)
     ledger = Ledger(
         mu=cfg.compute.mu,
         batch_size=cfg.schedule.batch_size,
@@ -141,6 +146,7 @@ def build_parts(
     parts = Parts(
         built=built, model=model, ref_model=ref_model, optimizer=optimizer, buffer=buffer,
         ledger=ledger, eval_problems=built.task.eval_problems()[: cfg.eval.n_problems], lead=lead,
+        controller=controller,
     )  # fmt: skip
     if lead:
         # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
@@ -211,7 +217,11 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
                     p.model, p.optimizer, batch, a, g.temperature, d.max_new_tokens, p.ref_model,
                     version=step, diagnostics=cfg.logger.diagnostics,
                     gap_known=g.backend == "hf" or g.store_trainer_logp,
+                    signals=p.controller is not None,
                 )  # fmt: skip
+            if p.controller is not None:  # the step's signals into its window
+                p.controller.observe(step, stats, arrivals, batch)
+                stats.pop("control_rows", None)
             seconds = time.perf_counter() - t0 - stats.get("diag/seconds", 0.0)
             p.ledger.add_training(
                 sequence_lengths(batch), stats.get("tokens", 0), seconds,
@@ -222,15 +232,20 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             # After the step: weights to the generators, log, evaluate on the grid, snapshot.
             version = step + 1
             led = rt.node_ledger()
-            last = version == d.total_steps
+            # controller=adaptive: every K steps it sets R, N (and lr) for the next steps; the
+            # budget then ends the run, not a fixed step count.
+            control = p.controller.decide(version, led) if p.controller else None
+            last = p.controller.last(version, led) if p.controller else version == d.total_steps
             is_eval = eval_due(x_before, eval_x(led)) or last
             rt.after_update(version, need_weights=is_eval or snapshot_due(version))
-            is_log = log_due(version) or last
+            is_log = log_due(version) or last or control is not None
             record = rt.gather_step(step_record(arrivals, batch)) if is_log or is_eval else None
             row: dict[str, Any] = {}
             if p.lead and is_log:
                 row = {"step": version, "policy/version": version}
                 row.update(step_metrics(record, stats))
+                row.update(p.controller.metrics() if p.controller else {})
+                row.update(control or {})
             if p.lead and (is_log or is_eval):  # runtime/node_time is an eval row's x too
                 row.update(rt.metrics(led))
             if p.lead and is_eval:
@@ -252,6 +267,8 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
                 refresh=False,
             )
             bar.update(1)
+            if last:  # a controlled run's budget can end it before d.total_steps
+                break
     bar.close()
     return finish(cfg, d, run_dir, p, rt, stopped_at, first_eval, last_eval, led)
 
@@ -356,7 +373,9 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
     """After the last step (or a stop): drain what is still in flight, account for every
     rollout, write the summary; the final model if ``save_final_model``."""
     measured = rt.metrics(led)  # reuse and rates over the training steps
-    final_step = d.total_steps if stopped_at is None else stopped_at
+    final_step = stopped_at
+    if stopped_at is None:  # a controlled run (in process) ends where its budget did
+        final_step = d.total_steps if p.controller is None else p.ledger.steps
     if stopped_at is not None:
         rt.save(stopped_at, first_eval=first_eval, last_eval=last_eval)
     ended = rt.finish(final_step, partial(add_arrivals, p))  # gathered on the lead; a collective
@@ -371,7 +390,7 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
     write_telemetry(run_dir, final_step, telemetry, None)
     summary = {
         "status": "finished",
-        "steps": d.total_steps,
+        "steps": final_step,
         "initial": first_eval,
         "final": last_eval,
         "compute": led.metrics(),

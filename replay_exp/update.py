@@ -47,7 +47,7 @@ from replay_exp.algo import (
     loss_knobs,
     masked_mean,
 )
-from replay_exp.algo.diagnostics import update_diagnostics
+from replay_exp.algo.diagnostics import ess_fraction, update_diagnostics
 from replay_exp.algo.registry import LossSpec
 from replay_exp.config.schemas import AlgoConfig, GrpoConfig, MaskedAlgoConfig
 from replay_exp.models.forward import micro_batch, policy_logprobs, row_chunks
@@ -67,6 +67,7 @@ def policy_update(
     version: int | None = None,
     diagnostics: bool = False,
     gap_known: bool = True,
+    signals: bool = False,
 ) -> dict[str, float]:
     """Take one optimizer step on ``batch`` with the loss ``algo.name``; return its statistics.
 
@@ -81,6 +82,7 @@ def policy_update(
     ``diag/seconds`` (the time they took, so the caller can leave it out of the training time).
     They read the model, never change it. ``gap_known``: whether the batch's stored engine
     gaps were measured (False: the split into mismatch and staleness is logged as NaN).
+    ``signals``: what a replay controller reads, at no extra forward (:func:`_signals`).
 
     Whole-batch passes (:func:`_whole_batch_pass`, training time) are counted in
     ``stats["extra_forwards"]`` for the ledger's FLOPs.
@@ -125,13 +127,12 @@ def policy_update(
         with torch.no_grad():
             loss, stats = batch_loss(knobs, batch, rows.logp_BxC, rows.ref_logp_BxC, norm_len,
                                      denom, rows.prox_BxC, rows.keep_BxC)  # fmt: skip
-    stats["loss"] = float(loss.detach())
-    stats["grad_norm"] = float(grad_norm)
+    stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
     stats["entropy"] = float(masked_mean(rows.entropy_BxC, rows.mask_BxC))
-    stats["batch_size"] = len(batch)
-    stats["tokens"] = int(rows.mask_BxC.sum())
+    stats.update(batch_size=len(batch), tokens=int(rows.mask_BxC.sum()))
     stats["extra_forwards"] = extra_forwards
     stats.update(rows.masked_stats())
+    stats.update(_signals(rows, version) if signals else {})
     if diagnostics:
         stats.update(_diagnostics(policy, batch, knobs, rows, temperature, gap_known))
     return stats
@@ -309,6 +310,26 @@ def _fill_corrections(
         )  # fmt: skip
     elif spec.batch_keep is not None and one_chunk:
         rows.keep_BxC = spec.batch_keep(logp_mxc - rows.behaviour_BxC, rows.mask_BxC, knobs)
+
+
+def _signals(rows: _Rows, version: int | None) -> dict[str, Any]:
+    """What a replay controller reads (``replay_exp.control``), from the log-probs the loss
+    already computed: ``ess_frac`` (the batch's sequence-level effective sample size,
+    ``algo.diagnostics.ess_fraction``) and ``control_rows`` (numpy: each row's lag and
+    sequence log-weight log w_i = sum_t (log pi_before - log pi_behaviour); the caller pops
+    it before logging)."""
+    if version is None:
+        raise ValueError("the controller's signals need the policy version")
+    mask = rows.mask_BxC.bool()
+    log_w = torch.where(mask, rows.logp_BxC - rows.behaviour_BxC.float(), 0.0).sum(dim=1)
+    has = mask.any(dim=1)
+    return {
+        "ess_frac": ess_fraction(log_w[has]),
+        "control_rows": {
+            "lag": rows.lag_B[has].cpu().numpy(),
+            "logw": log_w[has].double().cpu().numpy(),
+        },
+    }
 
 
 def _diagnostics(

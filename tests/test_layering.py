@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "replay_exp.compute.costmodel", "replay_exp.eval.estimators", "replay_exp.types")),
     ("parts", ("replay_exp.algo", "replay_exp.buffer", "replay_exp.tasks", "replay_exp.models",
                "replay_exp.rollout", "replay_exp.compute", "replay_exp.eval", "replay_exp.theory",
-               "replay_exp.runlog", "replay_exp.checkpoint")),
+               "replay_exp.runlog", "replay_exp.checkpoint", "replay_exp.control")),
     ("config", ("replay_exp.config.checks", "replay_exp.config.derive", "replay_exp.config.probe",
                 "replay_exp.config.composition", "replay_exp.config.naming")),
     ("run", ("replay_exp.update", "replay_exp.rundir", "replay_exp.runtime", "replay_exp.loop",

@@ -81,6 +81,18 @@ def _staleness(
     }
 
 
+def ess_fraction(log_w: Tensor) -> float:
+    """Effective sample size of the sequence weights ``W_i = exp(log_w_i)`` over their count:
+    ``(sum W)^2 / (n sum W^2)``, in log space (sums of many log-ratios overflow); NaN for no
+    row. Equal weights give 1; one weight e^10 among e^0 ones gives about 1/n.
+
+    Hand-checked: log_w = [0, log 3] gives W = [1, 3], (1 + 3)^2 / (2 (1 + 9)) = 16/20 = 0.8."""
+    if len(log_w) == 0:
+        return math.nan
+    ess = torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0))
+    return float(ess) / len(log_w)
+
+
 @torch.no_grad()
 def update_diagnostics(
     logp_before_BxC: Tensor,
@@ -117,14 +129,8 @@ def update_diagnostics(
     # One step's movement, importance-weighted from behaviour draws to pi_before draws.
     w = torch.exp(log_r) * mask
     out["update_kl"] = float((w * _k3(after - before)).sum() / w.sum()) if n_tokens else math.nan
-    # ESS of the sequence weights prod_t r_t, in log space (sums of many log-ratios overflow).
     rows = mask.any(dim=1)
-    log_w = log_r.sum(dim=1)[rows]
-    if len(log_w):
-        ess = torch.exp(2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0))
-        out["ess_frac"] = float(ess) / len(log_w)
-    else:
-        out["ess_frac"] = math.nan
+    out["ess_frac"] = ess_fraction(log_r.sum(dim=1)[rows])
     out.update(_staleness(log_r, adv_Bx1, mask, eps_low, eps_high))
     r = torch.exp(log_r)
     out["ratio_raw_mean"] = float((r * mask).sum()) / n_tokens if n_tokens else math.nan

@@ -98,6 +98,12 @@ class Eviction(abc.ABC):
         """``slots`` are about to be freed (still readable in the store)."""
         return None
 
+    def resize(self, capacity: int) -> np.ndarray:
+        """Keep at most ``capacity`` (<= the store's) rows from now on (a replay controller
+        sets it, ``replay_exp.control``). Returns the slots to evict now. Only policies that
+        can change their capacity implement it (FIFO)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot change its capacity")
+
     def select(self, k: int, step: int) -> np.ndarray | None:
         """The batch, if this policy dictates it (on_policy); None defers to the sampler."""
         return None

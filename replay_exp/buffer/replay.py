@@ -98,6 +98,16 @@ class PolicyBuffer(ReplayBuffer):
             self._remove(slots[r["uses"][slots] >= self.max_reuse], evicted=False)
         return batch
 
+    def set_capacity(self, capacity: int) -> None:
+        """Keep at most ``capacity`` rows from now on (``Eviction.resize``: FIFO only); the
+        oldest beyond it are evicted now, and counted as evictions."""
+        self._remove(self.eviction.resize(capacity), evicted=True)
+
+    @property
+    def capacity(self) -> int:
+        """N now: the eviction's when it can change it, else the store's."""
+        return getattr(self.eviction, "capacity", self.store.capacity)
+
     def _remove(self, slots: np.ndarray, evicted: bool) -> None:
         if len(slots) == 0:
             return
@@ -133,7 +143,7 @@ class PolicyBuffer(ReplayBuffer):
     def view(self) -> BufferView:
         return BufferView(
             self.store.live_values("uses"), self.store.live_values("reward"),
-            self.store.capacity, dict(self.counters), self.tele,
+            self.capacity, dict(self.counters), self.tele,
         )  # fmt: skip
 
     def state_dict(self) -> dict:

@@ -17,12 +17,15 @@ from replay_exp.algo import AGG_MODES, LOSSES, MASKS, loss_knobs
 from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
+from replay_exp.control import KNOBS, POLICIES
+from replay_exp.control.model import noise_path
 from replay_exp.models.precision import DTYPES
 from replay_exp.models.tiny import ARCHS
 from replay_exp.rollout import BACKENDS, BEHAVIOUR_LOGP_SOURCES
 from replay_exp.rollout.hf import SAMPLERS
 from replay_exp.runlog import LOGGERS, WANDB_MODES
 from replay_exp.tasks import TASKS
+from replay_exp.theory.design import MODELS as DESIGN_MODELS
 
 # The registry that owns each group's option names (OPTION_SCHEMAS must list the same names;
 # tests/test_config.py checks).
@@ -369,6 +372,78 @@ def check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def check_controller(cfg: DictConfig) -> None:
+    """``controller``: its option's keys (no name key: ``controller.policy`` null is fixed),
+    what the adaptive controller can set in this run (in process, sync schedule, one FIFO),
+    the ladder's bounds and each policy's knobs."""
+    c, s, b, G = cfg.controller, cfg.schedule, cfg.buffer, cfg.algo.group_size
+    fixed, adaptive = (
+        _keys(OPTION_SCHEMAS["controller"]["fixed"]),
+        _keys(OPTION_SCHEMAS["controller"]["adaptive"]),
+    )
+    have = set(c.keys())
+    if c.policy is None:
+        if have != fixed:
+            fail(f"controller.policy=null (fixed) has no key "
+                 f"{', '.join(f'controller.{k}' for k in sorted(have - fixed))}; for a "
+                 "controller select controller=adaptive")  # fmt: skip
+        return
+    if c.policy not in POLICIES:
+        fail(f"controller.policy={c.policy} is unknown; choose one of {list(POLICIES)} (or "
+             "controller=fixed)")  # fmt: skip
+    if have != adaptive:
+        fail(f"controller.policy={c.policy} needs the keys of controller=adaptive; select it "
+             f"with controller=adaptive controller.policy={c.policy}")  # fmt: skip
+    where = "controller=adaptive sets R and N each K steps"
+    if cfg.runtime.name != "inprocess":
+        fail(f"{where}; under runtime={cfg.runtime.name} R is what the generator ranks deliver, "
+             "which it cannot set: use runtime=inprocess (or controller=fixed)")  # fmt: skip
+    if s.name != "sync":
+        fail(f"{where}; under schedule={s.name} R emerges from W, T and mu: use schedule=sync "
+             "(or controller=fixed)")  # fmt: skip
+    if b.name != "fifo" or b.shards != 1:
+        fail(f"{where}; it resizes one FIFO: use buffer=fifo with buffer.shards=1 (given "
+             f"buffer={b.name}, buffer.shards={b.shards})")  # fmt: skip
+    knobs = list(c.knobs)
+    if not knobs or len(set(knobs)) != len(knobs) or set(knobs) - set(KNOBS):
+        fail(f"controller.knobs={knobs}: list some of {list(KNOBS)}, each once")
+    positive("controller.every", c.every)
+    if c.reuse_growth <= 1 or c.capacity_growth < 1:
+        fail(f"controller.reuse_growth={c.reuse_growth} must be > 1 and "
+             f"controller.capacity_growth={c.capacity_growth} >= 1")  # fmt: skip
+    R_min = c.min_rollouts_per_step
+    if R_min is not None and (R_min < G or R_min % G or R_min > s.batch_size):
+        fail(f"controller.min_rollouts_per_step={R_min} must be a multiple of "
+             f"algo.group_size={G} in [{G}, schedule.batch_size={s.batch_size}]")  # fmt: skip
+    if c.max_capacity is not None and c.max_capacity < s.batch_size:
+        fail(f"controller.max_capacity={c.max_capacity} is below "
+             f"schedule.batch_size={s.batch_size}")  # fmt: skip
+    g = c.guard
+    for key in ("kl_max", "clip_max", "ess_min", "calm", "lr_min_scale"):
+        positive(f"controller.guard.{key}", g[key])
+    if not (g.ess_min < 1 and g.calm < 1 and g.clip_max <= 1 and g.lr_min_scale <= 1):
+        fail(f"controller.guard: ess_min={g.ess_min} and calm={g.calm} must be < 1, "
+             f"clip_max={g.clip_max} and lr_min_scale={g.lr_min_scale} <= 1")  # fmt: skip
+    if g.surge_max <= 1:
+        fail(f"controller.guard.surge_max={g.surge_max} must be > 1 (1: no surge)")
+    positive("controller.guard.patience", g.patience)
+    if c.policy == "model":
+        m = c.model
+        if "lr" in knobs:
+            fail("controller.policy=model sets no learning rate: drop lr from controller.knobs")
+        if s.max_compute is None:
+            fail("controller.policy=model searches the designs at the remaining compute: set "
+                 "schedule.max_compute (given max_steps / max_rollouts)")  # fmt: skip
+        if m.model not in DESIGN_MODELS:
+            fail(f"controller.model.model={m.model} is unknown; choose one of "
+                 f"{list(DESIGN_MODELS)}")  # fmt: skip
+        if not noise_path(m.noise).is_file():
+            fail(f"controller.model.noise={m.noise} is not a file (a theory.measure output; "
+                 "measure one with python -m replay_exp.theory.measure)")  # fmt: skip
+        positive("controller.model.min_aged_rows", m.min_aged_rows)
+        positive("controller.model.bootstrap", m.bootstrap)
+
+
 # The checks of check_values, one per group, in the order they run.
 GROUP_CHECKS = (check_generation, check_model, check_logger, check_eval, check_run, check_algo,
-                check_schedule, check_buffer, check_runtime)  # fmt: skip
+                check_schedule, check_buffer, check_runtime, check_controller)  # fmt: skip

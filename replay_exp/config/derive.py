@@ -65,6 +65,9 @@ class Derived:
     capacity_per_trainer: int = 0  # N / T rollouts in each trainer's buffer shard (N)
     groups_per_batch: int | None = None  # prompt groups per generator call (null: one process)
     rank_threads: int = 0  # torch threads of each rank (one process: threads)
+    # controller=adaptive: the most rollouts its buffer may hold (the store's capacity; it
+    # starts at ``capacity``); null without a controller.
+    max_capacity: int | None = None
 
 
 def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
@@ -85,6 +88,9 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     units = units_per_step(s, arrivals.R, mu)
     max_prompt_len, max_new = probe_inputs(cfg)
     steps = derive_steps(s, arrivals.R, units)
+    max_capacity = None
+    if cfg.controller.policy is not None:
+        steps, max_capacity = derive_controlled(cfg.controller, s, G, mu, arrivals.R, N)
     device = cfg.device
     if device == "auto":
         import torch
@@ -109,6 +115,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         workers=arrivals.workers,
         trainers=arrivals.trainers,
         **rank_sizes(cfg, B, N, threads),
+        max_capacity=max_capacity,
     )
     return cfg, derived
 
@@ -280,6 +287,31 @@ def units_per_step(s: Any, R: float, mu: float) -> float:
     if s.name == "async":
         return costmodel.async_gamma(s.workers, s.trainers, mu)
     return costmodel.paper_units(costmodel.sample_units(s.batch_size, R, mu), mu, s.batch_size)
+
+
+def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int) -> tuple[int, int]:
+    """(the most steps the budget can buy, the largest N) of a run under ``controller=adaptive``,
+    which may set R down to ``controller.min_rollouts_per_step`` (null: G) and N up to
+    ``controller.max_capacity`` (null: every rollout the budget can generate, the most at R =
+    B). The run stops when its budget is spent (``Controller.last``); the step count is a
+    bound."""
+    R_min = c.min_rollouts_per_step or G
+    if R_min > R0:
+        fail(
+            f"controller.min_rollouts_per_step={R_min} is above the run's own "
+            f"schedule.rollouts_per_step={R0:g}, where the controller starts"
+        )
+    steps = derive_steps(s, R_min, units_per_step(s, R_min, mu))
+    N_max = c.max_capacity
+    if N_max is None:
+        B = s.batch_size
+        N_max = max(N0, derive_steps(s, B, units_per_step(s, B, mu)) * B)
+    if N_max < N0:
+        fail(
+            f"controller.max_capacity={N_max} is below the run's own buffer.capacity={N0}, "
+            "where the controller starts"
+        )
+    return steps, int(N_max)
 
 
 def derive_steps(s: Any, R: float, units: float) -> int:

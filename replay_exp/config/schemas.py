@@ -343,6 +343,49 @@ class WandbLoggerConfig(LoggerConfig):
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
+# --- controller -------------------------------------------------------------------------------
+
+
+@dataclass
+class ControllerConfig:
+    """``controller=fixed``: no controller, every knob where the config puts it."""
+
+    policy: str | None = MISSING  # null: fixed; guard | model: controller=adaptive
+
+
+@dataclass
+class GuardConfig:
+    kl_max: float = MISSING  # KL(behaviour || current) limit of the trained tokens
+    clip_max: float = MISSING  # clipped-token share limit
+    ess_min: float = MISSING  # sequence-level ESS fraction floor
+    surge_max: float = MISSING  # gradient norm over its earlier mean, limit
+    calm: float = MISSING  # a window is calm inside this fraction of every limit
+    patience: int = MISSING  # calm windows in a row before a rung up
+    lr_min_scale: float = MISSING  # the lr knob's floor
+
+
+@dataclass
+class ModelPolicyConfig:
+    model: str = MISSING  # paper_gap | exact (theory.design)
+    noise: str = MISSING  # a theory.measure output with rho(delta)
+    min_aged_rows: int = MISSING  # rows of age >= 1 a window needs to estimate alpha
+    bootstrap: int = MISSING  # resamples of alpha's interval
+
+
+@dataclass
+class AdaptiveControllerConfig(ControllerConfig):
+    """``controller=adaptive``: a closed-loop controller (``replay_exp.control``)."""
+
+    every: int = MISSING  # K: a decision every K steps
+    knobs: list[str] = MISSING  # what it sets: reuse, capacity, lr
+    min_rollouts_per_step: int | None = MISSING  # R's floor; null: G
+    max_capacity: int | None = MISSING  # N's ceiling; null: every rollout the budget makes
+    reuse_growth: float = MISSING  # a rung divides R by this ...
+    capacity_growth: float = MISSING  # ... and multiplies N by this
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    model: ModelPolicyConfig = field(default_factory=ModelPolicyConfig)
+
+
 @dataclass
 class ComputeConfig:
     mu: float = MISSING
@@ -365,6 +408,7 @@ class TrainConfig:
     eval: Any = MISSING
     logger: Any = MISSING
     runtime: Any = MISSING
+    controller: Any = MISSING
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = MISSING
@@ -407,6 +451,9 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "eval": {"default": EvalConfig},
     "logger": {"jsonl": LoggerConfig, "wandb": WandbLoggerConfig},
     "runtime": {"inprocess": RuntimeConfig, "distributed": DistributedRuntimeConfig},
+    # No name key: controller=fixed leaves controller.policy null, so the runs written before
+    # the group existed compare equal (checkpoint.config_differences); checks.check_controller.
+    "controller": {"fixed": ControllerConfig, "adaptive": AdaptiveControllerConfig},
 }
 # The key of each group's node that names its option (model and eval have none: their
 # schema is chosen by the YAML alone).

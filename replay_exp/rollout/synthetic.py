@@ -21,7 +21,7 @@ Values = torch.Tensor | Sequence[float] | float | None
 # Metric-name prefixes of wall-clock measurements (differ between any two runs of a config).
 WALL_CLOCK_KEYS = (
     "compute/seconds", "compute/measured_mu", "runtime/steps_per_second", "runtime/wait_seconds",
-    "runtime/node_seconds", "runtime/node_time",
+    "runtime/node_seconds", "runtime/node_time", "controller/in/measured_mu",
 )  # fmt: skip
 
 

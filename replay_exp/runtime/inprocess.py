@@ -41,7 +41,8 @@ class InProcess:
         # Evaluation samples the trainer's current weights: through the engine when it follows
         # the trainer at every step (synced right before each eval), else the trainer's module.
         self.engine_evaluates = g.backend != "hf" and self.share
-        self.arrivals = make_arrivals(s, d, cfg.compute.mu, cfg.algo.group_size)
+        # controller=adaptive sets R step by step (it counts the groups); else the schedule's
+        self.arrivals = parts.controller or make_arrivals(s, d, cfg.compute.mu, cfg.algo.group_size)
         self.history = WeightHistory(s.sync_lag)  # weights of recent versions, for a sync lag
         self.history.push(0, policy)
         self.sync = Every(s.sync_every)
@@ -62,17 +63,23 @@ class InProcess:
     def _source_state(self) -> dict[str, Any]:
         """What a resumed run needs to generate bit-identically: the generator (version,
         private weights), the weight history of a sync lag, the global random streams. New
-        state of the in-process source goes here."""
-        return {
+        state of the in-process source goes here; controller=adaptive's state too (it sets R,
+        and the buffer's N and the lr, which it re-applies on load)."""
+        state = {
             "generator": GeneratorState(self.generator).state_dict(),
             "weight_history": self.history.state_dict(),
             "rng": RNGState().state_dict(),
         }
+        if self.p.controller is not None:
+            state["controller"] = self.p.controller.state_dict()
+        return state
 
     def _load_source(self, state: dict[str, Any]) -> None:
         GeneratorState(self.generator).load_state_dict(state["generator"])
         self.history.load_state_dict(state["weight_history"])
         RNGState().load_state_dict(state["rng"])
+        if self.p.controller is not None:
+            self.p.controller.load_state_dict(state["controller"])
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         """Sync the generator if due, then generate the step's groups (``generate_groups``)."""

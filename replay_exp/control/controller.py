@@ -1,0 +1,203 @@
+"""The closed-loop replay controller: every ``controller.every`` steps it reads the window's
+training-side signals and sets the knobs it owns (``controller.knobs``: ``reuse`` = R,
+``capacity`` = N, ``lr`` = a scale of ``algo.lr``), by its policy (``controller.policy``:
+``guard`` or ``model``; ``docs/controller.md``).
+
+What it touches, all in the one loop (``replay_exp.loop``):
+
+- **arrivals**: the in-process runtime asks it how many prompt groups step s generates
+  (``groups_at``) and how many came before (``groups_before``, for unique rollout ids);
+- **the buffer**: ``set_capacity(N)`` (FIFO; shrinking evicts the oldest at once);
+- **the optimizer**: each parameter group's ``lr`` = ``algo.lr`` x the scale;
+- **the budget**: with R changing, the step count is no longer fixed; ``last`` says whether
+  the next step at the current R would overrun the budget (the same whole-step rule as a fixed
+  run's ``derive_steps``), and compute is charged by the ledger per step, as for a fixed run.
+
+Its state (knobs, rung, groups generated, the open window, the policy's memory) is in the
+snapshot, under the in-process source's state, so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from replay_exp.config.seeding import derive_seed
+from replay_exp.control import guard
+from replay_exp.control import model as model_policy
+from replay_exp.control.ladder import Knobs, Ladder
+from replay_exp.control.signals import Window
+from replay_exp.theory.design import units_per_step
+
+log = logging.getLogger("replay_exp")
+
+
+class Controller:
+    """One run's controller (module docstring). ``buffer`` and ``optimizer`` are the ones it
+    sets; ``d`` the derived sizes (the start design, and the most the buffer may hold)."""
+
+    def __init__(self, cfg: Any, d: Any, buffer: Any, optimizer: torch.optim.Optimizer):
+        c, s = cfg.controller, cfg.schedule
+        self.c, self.s, self.seed = c, s, cfg.seed
+        self.B, self.G, self.mu = s.batch_size, cfg.algo.group_size, cfg.compute.mu
+        self.base_lr = cfg.algo.lr
+        self.max_steps = d.total_steps  # the bound resolve() derived at the cheapest step
+        self.R_min = c.min_rollouts_per_step or self.G
+        self.N_max = d.max_capacity
+        self.ladder = Ladder(
+            int(d.rollouts_per_step), d.capacity, self.B, self.G, self.R_min, self.N_max,
+            c.reuse_growth, c.capacity_growth, owns_reuse="reuse" in c.knobs,
+            owns_capacity="capacity" in c.knobs,
+        )  # fmt: skip
+        self.buffer, self.optimizer = buffer, optimizer
+        self.rung = self.ladder.start
+        self.knobs = self.ladder.knobs(self.rung)
+        self.groups_done = 0
+        self.decisions = 0
+        self.window = Window()
+        self.guard = guard.GuardState()
+        self.apply()
+
+    # -- arrivals (the in-process runtime's schedule) -----------------------------------------
+    def groups_at(self, step: int) -> int:
+        return self.knobs.rollouts_per_step // self.G
+
+    def groups_before(self, step: int) -> int:
+        return self.groups_done
+
+    # -- the loop's calls ---------------------------------------------------------------------
+    def observe(self, step: int, stats: dict[str, Any], arrivals: list, batch: Any) -> None:
+        """After the update of ``step``: its signals into the window (``stats`` still holds
+        ``control_rows``), and the groups it generated into the count."""
+        fresh = [a.batch.reward_B for a in arrivals]
+        self.groups_done += sum(len(r) for r in fresh) // self.G
+        fresh_reward = float(torch.cat(fresh).float().mean()) if fresh else math.nan
+        trained = float(batch.reward_B.float().mean()) if batch is not None else math.nan
+        self.window.add(step, stats, fresh_reward, trained)
+
+    def decide(self, version: int, led: Any) -> dict[str, float] | None:
+        """At a decision step (every ``controller.every`` versions): read the window, set the
+        knobs, log why; the ``controller/*`` values of the row (None between decisions)."""
+        if version % self.c.every or not len(self.window):
+            return None
+        summary = self.window.summary()
+        before = (self.knobs.rollouts_per_step, self.knobs.capacity)
+        if self.c.policy == "guard":
+            move, reason, inputs = guard.decide(summary, self.guard, self.c.guard)
+            self.rung = self.ladder.clamp(self.rung + move)
+            R, N = self.ladder.rungs[self.rung]
+        else:
+            (N, R), reason, inputs = self._model_decision(version, led, summary)
+            # the rung of a design on the ladder; None: the model jumped off it
+            self.rung = self.ladder.rungs.index((R, N)) if (R, N) in self.ladder.rungs else None
+        lr = guard.lr_scale(summary["ess"], self.c.guard) if "lr" in self.c.knobs else 1.0
+        self.knobs = Knobs(R, N, lr)
+        self.apply()
+        self.decisions += 1
+        self.window = Window()
+        action = np.sign(before[0] - R) if before[0] != R else np.sign(N - before[1])
+        log.info(
+            "controller at step %d: R %d -> %d, N %d -> %d, lr x %.3g (%s)",
+            version, before[0], R, before[1], N, lr, reason,
+        )  # fmt: skip
+        row = {
+            "action": float(action),
+            "decisions": float(self.decisions),
+            **{f"in/{k}": v for k, v in summary.items()},
+            "in/budget_left": self.budget_left(led),
+            "in/measured_mu": led.metrics().get("measured_mu", math.nan),
+            **inputs,
+        }
+        return {f"controller/{k}": v for k, v in {**row, **self._knob_values()}.items()}
+
+    def metrics(self) -> dict[str, float]:
+        """The knobs now, on every logged row (``controller/*``)."""
+        return {f"controller/{k}": v for k, v in self._knob_values().items()}
+
+    def last(self, version: int, led: Any) -> bool:
+        """Whether ``version`` is the run's last: the next step at the current R would overrun
+        the budget (steps, rollouts or paper units), or the bound of resolve() is reached."""
+        s, R = self.s, self.knobs.rollouts_per_step
+        if version >= self.max_steps:
+            return True
+        if s.max_steps is not None:
+            return version >= s.max_steps
+        if s.max_rollouts is not None:
+            return led.rollouts + R > s.max_rollouts + 1e-6
+        return led.paper_units + units_per_step(self.B, R, self.mu) > s.max_compute + 1e-6
+
+    def budget_left(self, led: Any) -> float:
+        """What is left of the budget, in its own unit."""
+        s = self.s
+        if s.max_steps is not None:
+            return float(s.max_steps - led.steps)
+        if s.max_rollouts is not None:
+            return float(s.max_rollouts - led.rollouts)
+        return float(s.max_compute - led.paper_units)
+
+    # -- internals ------------------------------------------------------------------------------
+    def apply(self) -> None:
+        """Set the buffer's capacity and the optimizer's learning rate to the knobs."""
+        self.buffer.set_capacity(self.knobs.capacity)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.base_lr * self.knobs.lr_scale
+
+    def _knob_values(self) -> dict[str, float]:
+        R, N = self.knobs.rollouts_per_step, self.knobs.capacity
+        return {
+            "rollouts_per_step": float(R), "reuse_ratio": self.B / R, "capacity": float(N),
+            "horizon": N / R, "lr_scale": self.knobs.lr_scale,
+            # rungs above the start (0: the config's own design); NaN: off the ladder
+            "rung": math.nan if self.rung is None else float(self.rung - self.ladder.start),
+        }  # fmt: skip
+
+    def _model_decision(self, version: int, led: Any, summary: dict) -> tuple:
+        m = self.c.model
+        rng = np.random.default_rng(derive_seed(self.seed, "controller", version))
+        alpha, lo, hi, aged = model_policy.estimate_alpha(self.window.rows, rng, m.bootstrap)
+        current = (self.knobs.capacity, self.knobs.rollouts_per_step)
+        inputs = {"in/alpha": alpha, "in/alpha_lo": lo, "in/alpha_hi": hi,
+                  "in/aged_rows": float(aged), "identified": math.nan}  # fmt: skip
+        if aged < m.min_aged_rows or not math.isfinite(alpha):
+            up = self.ladder.above(self.knobs)
+            if up is None:
+                return current, f"probe: {aged} aged rows, already at the top: hold", inputs
+            self.rung = up
+            R, N = self.ladder.rungs[up]
+            return (N, R), f"probe: {aged} aged rows < {m.min_aged_rows}: one rung up", inputs
+        (N, R), identified, reason = model_policy.pick_design(
+            current, self.B, self.G, self.mu, self.s.max_compute,
+            model_policy.load_rho(m.noise), alpha, lo, hi, m.model, self.R_min, self.N_max,
+        )  # fmt: skip
+        inputs["identified"] = float(identified)
+        return (N, R), f"alpha {alpha:.3g} [{lo:.3g}, {hi:.3g}]: {reason}", inputs
+
+    # -- snapshot -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "knobs": self.knobs.state_dict(),
+            "rung": self.rung,
+            "groups_done": self.groups_done,
+            "decisions": self.decisions,
+            "window": self.window.state_dict(),
+            "guard": {
+                "streak": self.guard.streak,
+                "grad_sum": self.guard.grad_sum,
+                "grad_windows": self.guard.grad_windows,
+            },  # fmt: skip
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.knobs = Knobs.from_state(state["knobs"])
+        self.rung = None if state["rung"] is None else int(state["rung"])
+        self.groups_done = int(state["groups_done"])
+        self.decisions = int(state["decisions"])
+        self.window.load_state_dict(state["window"])
+        g = state["guard"]
+        self.guard = guard.GuardState(int(g["streak"]), float(g["grad_sum"]),
+                                      int(g["grad_windows"]))  # fmt: skip
+        self.apply()

@@ -1,0 +1,187 @@
+"""The controller on hand-made signal sequences (replay_exp/control/controller.py): the knobs
+it sets on the real buffer, optimizer and arrival count, its ``controller/*`` values, the budget
+rule, its state mid-window, and what resolve() refuses or derives for it."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from replay_exp.buffer import make_buffer
+from replay_exp.compute.ledger import Ledger
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
+from replay_exp.control.controller import Controller
+
+# On-policy start (R = N = B = 64, G = 8), a decision every 2 steps, a budget of 100 units.
+START = ["controller=adaptive", "controller.every=2", "buffer.capacity=64",
+         "schedule.max_steps=null", "schedule.max_compute=100", "compute.mu=3.0"]  # fmt: skip
+
+
+def build(*extra: str) -> tuple[Controller, object, torch.optim.Optimizer, Ledger]:
+    cfg, d = resolve(compose([*START, *extra]))
+    buffer = make_buffer(cfg.buffer, capacity=d.max_capacity, max_prompt_len=d.max_prompt_len,
+                         max_completion_len=d.max_new_tokens, seed=0)  # fmt: skip
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.algo.lr)
+    led = Ledger(mu=cfg.compute.mu, batch_size=64, n_params=1, n_layers=1, hidden=1)
+    return Controller(cfg, d, buffer, opt), buffer, opt, led
+
+
+def step(ctl: Controller, s: int, kl=0.0, ess=1.0, grad=1.0, fresh=64) -> None:
+    """One step's signals: ``fresh`` rollouts generated, a batch of 64 trained."""
+    arrivals = [SimpleNamespace(batch=SimpleNamespace(reward_B=torch.ones(fresh)))]
+    stats = {"approx_kl": kl, "clip_frac": 0.0, "ess_frac": ess, "grad_norm": grad}
+    ctl.observe(s, stats, arrivals, SimpleNamespace(reward_B=torch.zeros(64)))
+
+
+def test_resolve_derives_the_bounds_of_a_controlled_run():
+    cfg, d = resolve(compose(START))
+    # The cheapest step is R = G = 8: (64 + 3 x 8) / (64 x 4) = 0.34375 units, so 100 units
+    # buy at most floor(100 / 0.34375) = 290 steps; N may grow to every rollout the budget can
+    # generate, the most at R = B: 100 steps x 64 = 6400.
+    assert d.total_steps == 290
+    assert d.max_capacity == 6400
+    assert (d.rollouts_per_step, d.capacity) == (64, 64)  # where it starts
+
+
+def test_guard_decisions_set_the_buffer_optimizer_and_arrivals():
+    ctl, buffer, opt, led = build()
+    base_lr = opt.param_groups[0]["lr"]
+    assert (ctl.knobs.rollouts_per_step, ctl.knobs.capacity, buffer.capacity) == (64, 64, 64)
+    # Steps 0, 1 calm -> version 2: calm (1 of 2), hold. Between decisions: None.
+    step(ctl, 0)
+    assert ctl.decide(1, led) is None
+    step(ctl, 1)
+    row = ctl.decide(2, led)
+    assert row["controller/action"] == 0.0 and row["controller/rollouts_per_step"] == 64.0
+    # Steps 2, 3 calm -> version 4: calm for 2 windows, one rung up: R = 32, N = 256.
+    step(ctl, 2)
+    step(ctl, 3)
+    row = ctl.decide(4, led)
+    assert row["controller/action"] == 1.0
+    assert (row["controller/rollouts_per_step"], row["controller/capacity"]) == (32.0, 256.0)
+    assert (row["controller/reuse_ratio"], row["controller/horizon"]) == (2.0, 8.0)
+    assert row["controller/rung"] == 1.0 and row["controller/decisions"] == 2.0
+    assert buffer.capacity == 256 and ctl.groups_at(4) == 4
+    # 4 steps of 64 rollouts = 32 groups of 8 numbered so far
+    assert ctl.groups_before(4) == 32
+    assert opt.param_groups[0]["lr"] == base_lr  # the lr knob is not owned
+    # Steps 4, 5 at R = 32 with kl 0.08 > 0.05 -> version 6: breach, back to (64, 64).
+    step(ctl, 4, kl=0.08, fresh=32)
+    step(ctl, 5, kl=0.08, fresh=32)
+    row = ctl.decide(6, led)
+    assert row["controller/action"] == -1.0 and row["controller/breach/kl"] == 1.0
+    assert row["controller/in/kl"] == pytest.approx(0.08)
+    assert buffer.capacity == 64 and ctl.groups_before(6) == 32 + 8
+
+
+def test_the_lr_knob_scales_by_the_window_ess():
+    ctl, _, opt, led = build("controller.knobs=[reuse,capacity,lr]")
+    base_lr = opt.param_groups[0]["lr"]
+    step(ctl, 0, ess=0.7)
+    step(ctl, 1, ess=0.5)
+    ctl.decide(2, led)
+    # window ESS (0.7 + 0.5) / 2 = 0.6 -> lr x 0.6 (ess 0.6 >= ess_min: no breach)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.6 * base_lr)
+    assert ctl.metrics()["controller/lr_scale"] == pytest.approx(0.6)
+
+
+def test_the_budget_ends_the_run_before_an_overrunning_step():
+    ctl, _, _, led = build()
+    # At R = 64 a step costs 1 unit: 99.5 spent -> the next would end at 100.5 > 100: last.
+    led.paper_units = 99.5
+    assert ctl.last(150, led)
+    led.paper_units = 99.0
+    assert not ctl.last(150, led)
+    assert ctl.last(290, led)  # resolve()'s bound
+    assert ctl.budget_left(led) == pytest.approx(1.0)
+
+
+def test_a_state_mid_window_continues_to_the_same_decisions():
+    a, _, _, led = build()
+    for s in range(3):
+        step(a, s)
+    a.decide(2, led)  # (steps 0, 1) then step 2 is in the open window
+    b, buffer_b, _, _ = build()
+    b.load_state_dict(a.state_dict())
+    assert buffer_b.capacity == b.knobs.capacity
+    for ctl in (a, b):
+        step(ctl, 3, grad=1.5)
+    ra, rb = a.decide(4, led), b.decide(4, led)
+    assert ra == rb and ra["controller/rollouts_per_step"] == 32.0
+    assert a.state_dict()["guard"] == b.state_dict()["guard"]
+
+
+def test_the_model_policy_probes_from_an_all_fresh_start():
+    ctl, buffer, _, led = build("controller.policy=model")
+    step(ctl, 0)
+    step(ctl, 1)
+    ctl.window.rows = [(torch.zeros(64, dtype=torch.long).numpy(), torch.zeros(64).numpy())] * 2
+    row = ctl.decide(2, led)
+    # every row is fresh (age 0): no alpha; one rung up to (32, 256)
+    assert math.isnan(row["controller/in/alpha"]) and row["controller/in/aged_rows"] == 0.0
+    assert (ctl.knobs.rollouts_per_step, ctl.knobs.capacity) == (32, 256)
+    assert buffer.capacity == 256
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["runtime=distributed", "schedule=async", "schedule.trainers=1", "schedule.workers=1",
+          "schedule.gpus=null"],
+         "controller=adaptive sets R and N each K steps; under runtime=distributed R is what "
+         "the generator ranks deliver, which it cannot set: use runtime=inprocess (or "
+         "controller=fixed)"),
+        (["schedule=async", "schedule.trainers=1", "schedule.workers=1", "schedule.gpus=null"],
+         "controller=adaptive sets R and N each K steps; under schedule=async R emerges from W, "
+         "T and mu: use schedule=sync (or controller=fixed)"),
+        (["buffer=on_policy", "buffer.capacity=null"],
+         "controller=adaptive sets R and N each K steps; it resizes one FIFO: use buffer=fifo "
+         "with buffer.shards=1 (given buffer=on_policy, buffer.shards=1)"),
+        (["controller.knobs=[reuse,speed]"],
+         "controller.knobs=['reuse', 'speed']: list some of ['reuse', 'capacity', 'lr'], each "
+         "once"),
+        (["controller.policy=magic"],
+         "controller.policy=magic is unknown; choose one of ['guard', 'model'] (or "
+         "controller=fixed)"),
+        (["controller.policy=model", "controller.knobs=[reuse,lr]"],
+         "controller.policy=model sets no learning rate: drop lr from controller.knobs"),
+        (["controller.policy=model", "schedule.max_compute=null", "schedule.max_steps=50"],
+         "controller.policy=model searches the designs at the remaining compute: set "
+         "schedule.max_compute (given max_steps / max_rollouts)"),
+        (["controller.policy=model", "controller.model.noise=/nonexistent/noise.json"],
+         "controller.model.noise=/nonexistent/noise.json is not a file (a theory.measure "
+         "output; measure one with python -m replay_exp.theory.measure)"),
+        (["controller.min_rollouts_per_step=12"],
+         "controller.min_rollouts_per_step=12 must be a multiple of algo.group_size=8 in [8, "
+         "schedule.batch_size=64]"),
+        (["controller.max_capacity=32"],
+         "controller.max_capacity=32 is below schedule.batch_size=64"),
+        (["buffer.capacity=256", "controller.max_capacity=128"],
+         "controller.max_capacity=128 is below the run's own buffer.capacity=256, where the "
+         "controller starts"),
+        (["schedule.reuse_ratio=4", "controller.min_rollouts_per_step=32"],
+         "controller.min_rollouts_per_step=32 is above the run's own "
+         "schedule.rollouts_per_step=16, where the controller starts"),
+        (["controller.guard.ess_min=1.5"],
+         "controller.guard: ess_min=1.5 and calm=0.5 must be < 1, clip_max=0.2 and "
+         "lr_min_scale=0.25 <= 1"),
+    ],
+    ids=["distributed", "async", "on_policy", "knobs", "policy", "model_lr", "model_budget",
+         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard"],
+)  # fmt: skip
+def test_resolve_refuses_what_the_controller_cannot_set(extra, message):
+    with pytest.raises(ConfigError) as e:
+        resolve(compose([*START, *extra]))
+    assert str(e.value) == message
+
+
+def test_fixed_takes_no_controller_key():
+    with pytest.raises(ConfigError, match="controller.policy=null .fixed. has no key"):
+        resolve(compose(["++controller.every=5"]))
+    cfg, d = resolve(compose([]))
+    assert cfg.controller.policy is None and d.max_capacity is None
