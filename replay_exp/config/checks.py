@@ -419,18 +419,18 @@ def check_controller(cfg: DictConfig) -> None:
         fail(f"controller.max_capacity={c.max_capacity} is below "
              f"schedule.batch_size={s.batch_size}")  # fmt: skip
     g = c.guard
-    for key in ("kl_max", "clip_max", "ess_min", "calm", "lr_min_scale"):
+    if not 0 < c.lr_min_scale <= 1:
+        fail(f"controller.lr_min_scale={c.lr_min_scale:g} must be in (0, 1]")
+    for key in ("kl_max", "clip_max", "ess_min", "calm"):
         positive(f"controller.guard.{key}", g[key])
-    if not (g.ess_min < 1 and g.calm < 1 and g.clip_max <= 1 and g.lr_min_scale <= 1):
+    if not (g.ess_min < 1 and g.calm < 1 and g.clip_max <= 1):
         fail(f"controller.guard: ess_min={g.ess_min} and calm={g.calm} must be < 1, "
-             f"clip_max={g.clip_max} and lr_min_scale={g.lr_min_scale} <= 1")  # fmt: skip
+             f"clip_max={g.clip_max} <= 1")  # fmt: skip
     if g.surge_max <= 1:
         fail(f"controller.guard.surge_max={g.surge_max} must be > 1 (1: no surge)")
     positive("controller.guard.patience", g.patience)
     if c.policy == "model":
         m = c.model
-        if "lr" in knobs:
-            fail("controller.policy=model sets no learning rate: drop lr from controller.knobs")
         if s.max_compute is None:
             fail("controller.policy=model searches the designs at the remaining compute: set "
                  "schedule.max_compute (given max_steps / max_rollouts)")  # fmt: skip

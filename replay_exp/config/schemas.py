@@ -361,7 +361,6 @@ class GuardConfig:
     surge_max: float = MISSING  # gradient norm over its earlier mean, limit
     calm: float = MISSING  # a window is calm inside this fraction of every limit
     patience: int = MISSING  # calm windows in a row before a rung up
-    lr_min_scale: float = MISSING  # the lr knob's floor
 
 
 @dataclass
@@ -382,6 +381,7 @@ class AdaptiveControllerConfig(ControllerConfig):
     max_capacity: int | None = MISSING  # N's ceiling; null: every rollout the budget makes
     reuse_growth: float = MISSING  # a rung divides R by this ...
     capacity_growth: float = MISSING  # ... and multiplies N by this
+    lr_min_scale: float = MISSING  # the lr knob: lr x clamp(ESS, lr_min_scale, 1)
     guard: GuardConfig = field(default_factory=GuardConfig)
     model: ModelPolicyConfig = field(default_factory=ModelPolicyConfig)
 

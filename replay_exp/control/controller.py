@@ -94,7 +94,7 @@ class Controller:
             (N, R), reason, inputs = self._model_decision(version, led, summary)
             # the rung of a design on the ladder; None: the model jumped off it
             self.rung = self.ladder.rungs.index((R, N)) if (R, N) in self.ladder.rungs else None
-        lr = guard.lr_scale(summary["ess"], self.c.guard) if "lr" in self.c.knobs else 1.0
+        lr = guard.lr_scale(summary["ess"], self.c.lr_min_scale) if "lr" in self.c.knobs else 1.0
         self.knobs = Knobs(R, N, lr)
         self.apply()
         self.decisions += 1

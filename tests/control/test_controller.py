@@ -148,8 +148,6 @@ def test_the_model_policy_probes_from_an_all_fresh_start():
         (["controller.policy=magic"],
          "controller.policy=magic is unknown; choose one of ['guard', 'model'] (or "
          "controller=fixed)"),
-        (["controller.policy=model", "controller.knobs=[reuse,lr]"],
-         "controller.policy=model sets no learning rate: drop lr from controller.knobs"),
         (["controller.policy=model", "schedule.max_compute=null", "schedule.max_steps=50"],
          "controller.policy=model searches the designs at the remaining compute: set "
          "schedule.max_compute (given max_steps / max_rollouts)"),
@@ -168,11 +166,11 @@ def test_the_model_policy_probes_from_an_all_fresh_start():
          "controller.min_rollouts_per_step=32 is above the run's own "
          "schedule.rollouts_per_step=16, where the controller starts"),
         (["controller.guard.ess_min=1.5"],
-         "controller.guard: ess_min=1.5 and calm=0.5 must be < 1, clip_max=0.2 and "
-         "lr_min_scale=0.25 <= 1"),
+         "controller.guard: ess_min=1.5 and calm=0.5 must be < 1, clip_max=0.2 <= 1"),
+        (["controller.lr_min_scale=0"], "controller.lr_min_scale=0 must be in (0, 1]"),
     ],
-    ids=["distributed", "async", "on_policy", "knobs", "policy", "model_lr", "model_budget",
-         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard"],
+    ids=["distributed", "async", "on_policy", "knobs", "policy", "model_budget",
+         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard", "lr_min"],
 )  # fmt: skip
 def test_resolve_refuses_what_the_controller_cannot_set(extra, message):
     with pytest.raises(ConfigError) as e:

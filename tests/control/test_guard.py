@@ -1,6 +1,6 @@
 """The guard policy's decisions on hand-made signal sequences (replay_exp/control/guard.py).
 Limits: the defaults of conf/controller/adaptive.yaml (kl_max 0.05, clip_max 0.2, ess_min 0.5,
-surge_max 3, calm 0.5, patience 2, lr_min_scale 0.25)."""
+surge_max 3, calm 0.5, patience 2)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_nan_signals_are_not_checked():
 
 def test_lr_scale_follows_the_ess():
     # clamp(ess, 0.25, 1): 0.6 -> 0.6, 0.1 -> 0.25, 1.0 -> 1.0, NaN -> 1.0
-    assert guard.lr_scale(0.6, G) == pytest.approx(0.6)
-    assert guard.lr_scale(0.1, G) == 0.25
-    assert guard.lr_scale(1.0, G) == 1.0
-    assert guard.lr_scale(math.nan, G) == 1.0
+    assert guard.lr_scale(0.6, 0.25) == pytest.approx(0.6)
+    assert guard.lr_scale(0.1, 0.25) == 0.25
+    assert guard.lr_scale(1.0, 0.25) == 1.0
+    assert guard.lr_scale(math.nan, 0.25) == 1.0
