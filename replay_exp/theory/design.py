@@ -23,7 +23,10 @@ contains 0 ([-0.087, 0.120]: x* anywhere from 2.2 to infinity). This module inst
    - ``paper_gap``: the paper's bound J = sigma_bar^2(x) (1 + y / mu) (1 / y + 1 / x + rho)
      with rho read at the design's mean reuse gap, over its own J(1, 1) at rho(1).
    Below 1: replay predicted to have less noise per unit of compute than on-policy.
-3. **Propagates alpha's uncertainty**: every design is scored at each alpha of a grid over
+3. **Searches the async split** (``--gpus``): a node of W + T GPUs generates R = B W / (mu T)
+   per trainer step at the synchronous design's compute (:class:`AsyncSplit`), so each split is
+   scored as the synchronous design at R rounded to whole groups, with N searched as above.
+4. **Propagates alpha's uncertainty**: every design is scored at each alpha of a grid over
    alpha's interval; the pick is the best design at the point estimate, and the **region** is
    every design that is best for some alpha in the interval. When the interval contains 0 the
    horizon is not identified (a negative alpha favours ever larger buffers, a positive one a
@@ -40,7 +43,7 @@ module predicts, part 3 of issue 44 scores it.
 
     python -m replay_exp.theory.design [--noise NOISE.json] [--mu 6.84] [--alpha 0.032
         --alpha-lo -0.087 --alpha-hi 0.120] [--batch 64 --group 8 --budget 3000]
-        [--configs N:R ...]
+        [--configs N:R ...] [--gpus 8]
 """
 
 from __future__ import annotations
@@ -131,6 +134,48 @@ def candidates(B: int, G: int, mu: float, budget: float, factor: int = 4) -> lis
     return out
 
 
+@dataclass(frozen=True)
+class AsyncSplit:
+    """One split of an asynchronous node of W + T GPUs (``schedule=async``): R = B W / (mu T)
+    fresh rollouts per trainer step on average (y = mu T / W), each step costing gamma = (1 +
+    W/T) / (1 + mu) paper units, which is the synchronous (B + mu R) / (B (1 + mu)) at that R:
+    the same compute as a synchronous design. Its noise is scored as the synchronous design at
+    ``R_groups``, R rounded to whole groups of G (the emulation delivers whole groups and
+    carries the fraction over); a split bringing less than one group a step (R < G) has no
+    synchronous counterpart and is not scored (``R_groups`` None)."""
+
+    workers: int
+    trainers: int
+    R: float
+    R_groups: int | None
+
+
+def async_splits(B: int, G: int, mu: float, gpus: int) -> list[AsyncSplit]:
+    """The node's splits W = 1 .. gpus - 1 that generate at most a batch per step (R <= B: the
+    split with W / T = mu generates exactly B, on-policy's rate; more workers only idle)."""
+    out = []
+    for W in range(1, gpus):
+        T = gpus - W
+        R = B * W / (mu * T)
+        if R <= B + 1e-9:
+            groups = int(min(B, G * round(R / G))) if R >= G else None
+            out.append(AsyncSplit(W, T, R, groups))
+    return out
+
+
+def async_designs(
+    B: int, G: int, mu: float, budget: float, gpus: int, factor: int = 4
+) -> list[tuple[AsyncSplit, int, int]]:
+    """(split, N, R_groups) for every split (:func:`async_splits`) and every N of
+    :func:`candidates` at its R_groups (two splits may round to one R: both are listed)."""
+    return [
+        (split, N, R)
+        for split in async_splits(B, G, mu, gpus)
+        for N, R in candidates(B, G, mu, budget, factor)
+        if split.R_groups == R
+    ]
+
+
 @dataclass
 class DesignResult:
     """The search's answer under ``model``: the pick at the point alpha, whether the horizon is
@@ -198,6 +243,38 @@ def ranking(
     return sorted(scored, key=lambda t: t[1])
 
 
+def print_async(B, G, mu, budget, gpus, rho, alpha, lo, hi) -> None:
+    """The async node's splits: each one's best N and J / J_on-policy under both models at the
+    point alpha, then each model's pick and region over every split's designs."""
+    rows = async_designs(B, G, mu, budget, gpus)
+    print(f"\nasync node of {gpus} GPUs (W + T), scored at R rounded to whole groups of {G}:")
+    print("| W | T | R = B W / (mu T) | y | scored R | best N (exact) | exact | best N "
+          "(paper_gap) | paper_gap |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for split in async_splits(B, G, mu, gpus):
+        if split.R_groups is None:
+            print(f"| {split.workers} | {split.trainers} | {split.R:.3g} | {B / split.R:.3g} | "
+                  "< G: not scored | | | | |")  # fmt: skip
+            continue
+        best = {}
+        for m in MODELS:
+            best[m] = min((relative_noise(N, R, B, mu, rho, alpha, (m,))[m], N)
+                          for sp, N, R in rows if sp == split)  # fmt: skip
+        print(f"| {split.workers} | {split.trainers} | {split.R:.3g} | {B / split.R:.3g} | "
+              f"{split.R_groups} | {best['exact'][1]} | {best['exact'][0]:.3f} | "
+              f"{best['paper_gap'][1]} | {best['paper_gap'][0]:.3f} |")  # fmt: skip
+    designs = sorted({(N, R) for _, N, R in rows})
+
+    def workers(d: tuple[int, int]) -> str:
+        return "/".join(str(sp.workers) for sp, N, R in rows if d == (N, R))
+
+    for m in MODELS:
+        res = design(B, G, mu, budget, rho, alpha, lo, hi, model=m, designs=designs)
+        region = ", ".join(f"(W={workers(d)}, N={d[0]})" for d in res.region)
+        note = "" if res.identified else " (not identified)"
+        print(f"{m}: pick W = {workers(res.pick)}, N = {res.pick[0]}; region {region}{note}")
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
@@ -216,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=float, default=3000.0, help="paper units")
     p.add_argument("--configs", nargs="*", default=[], metavar="N:R",
                    help="also rank these designs (N:R; R = batch: on-policy)")  # fmt: skip
+    p.add_argument("--gpus", type=int, default=None,
+                   help="also search the splits W + T of an async node of this size")  # fmt: skip
     args = p.parse_args(argv)
     noise = json.loads(args.noise.read_text())
     rho = rho_interpolated(noise["deltas"], noise["pooled"]["rho"])
@@ -228,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
         res = design(B, args.group, mu, args.budget, rho, args.alpha, args.alpha_lo,
                      args.alpha_hi, model=model)  # fmt: skip
         print(res.describe(B))
+    if args.gpus:
+        print_async(B, args.group, mu, args.budget, args.gpus, rho, args.alpha, args.alpha_lo,
+                    args.alpha_hi)  # fmt: skip
     configs = []
     for c in args.configs:
         N, R = (int(v) for v in c.split(":"))

@@ -65,3 +65,18 @@ def test_ranking_orders_by_predicted_noise():
     ranked = dm.ranking(configs, 64, 6.84, rho, 0.0, "paper_gap")
     values = [v for _, v in ranked]
     assert values == sorted(values) and {lab for lab, _ in ranked} == {c[0] for c in configs}
+
+
+def test_async_splits_by_hand():
+    """B = 64, G = 8, mu = 6.84, 8 GPUs: R = 64 W / (6.84 T). W = 6, T = 2: 384 / 13.68 =
+    28.07, scored at 4 groups (32); W = 5, T = 3: 320 / 20.52 = 15.59 -> 16; W = 3, T = 5: 5.61
+    < G, not scored; W = 7, T = 1: 65.5 > B, left out (more than a batch a step)."""
+    splits = {s.workers: s for s in dm.async_splits(64, 8, 6.84, 8)}
+    assert sorted(splits) == [1, 2, 3, 4, 5, 6]
+    assert splits[6].R == pytest.approx(384 / 13.68) and splits[6].R_groups == 32
+    assert splits[5].R_groups == 16 and splits[3].R_groups is None
+    rows = dm.async_designs(64, 8, 6.84, 3000, 8)
+    assert {(N, R) for s, N, R in rows if s.workers == 5} == {
+        (N, R) for N, R in dm.candidates(64, 8, 6.84, 3000) if R == 16
+    }
+    assert not any(s.workers == 3 for s, _, _ in rows)
