@@ -10,8 +10,11 @@ What it touches, all in the one loop (``replay_exp.loop``):
 - **the buffer**: ``set_capacity(N)`` (FIFO; shrinking evicts the oldest at once);
 - **the optimizer**: each parameter group's ``lr`` = ``algo.lr`` x the scale;
 - **the budget**: with R changing, the step count is no longer fixed; ``last`` says whether
-  the next step at the current R would overrun the budget (the same whole-step rule as a fixed
-  run's ``derive_steps``), and compute is charged by the ledger per step, as for a fixed run.
+  the next step at the current R would overrun the budget. A fixed run's step count
+  (``derive_steps``) spends its budget at the nominal (B + mu R) / (B (1 + mu)) a step, so the
+  controller counts the same nominal units (``spent``): one that never moves takes exactly the
+  fixed run's steps. (The ledger charges what each step really trained, as for any run: less
+  while the buffer holds fewer than B rollouts.)
 
 Its state (knobs, rung, groups generated, the open window, the policy's memory) is in the
 snapshot, under the in-process source's state, so a resumed run continues bit for bit.
@@ -57,6 +60,7 @@ class Controller:
         self.rung = self.ladder.start
         self.knobs = self.ladder.knobs(self.rung)
         self.groups_done = 0
+        self.spent = 0.0  # nominal paper units of the steps taken (the budget's, see above)
         self.decisions = 0
         self.window = Window()
         self.guard = guard.GuardState()
@@ -75,6 +79,7 @@ class Controller:
         ``control_rows``), and the groups it generated into the count."""
         fresh = [a.batch.reward_B for a in arrivals]
         self.groups_done += sum(len(r) for r in fresh) // self.G
+        self.spent += units_per_step(self.B, self.knobs.rollouts_per_step, self.mu)
         fresh_reward = float(torch.cat(fresh).float().mean()) if fresh else math.nan
         trained = float(batch.reward_B.float().mean()) if batch is not None else math.nan
         self.window.add(step, stats, fresh_reward, trained)
@@ -128,16 +133,16 @@ class Controller:
             return version >= s.max_steps
         if s.max_rollouts is not None:
             return led.rollouts + R > s.max_rollouts + 1e-6
-        return led.paper_units + units_per_step(self.B, R, self.mu) > s.max_compute + 1e-6
+        return self.spent + units_per_step(self.B, R, self.mu) > s.max_compute * (1 + 1e-9)
 
     def budget_left(self, led: Any) -> float:
-        """What is left of the budget, in its own unit."""
+        """What is left of the budget, in its own unit (compute: nominal units, above)."""
         s = self.s
         if s.max_steps is not None:
             return float(s.max_steps - led.steps)
         if s.max_rollouts is not None:
             return float(s.max_rollouts - led.rollouts)
-        return float(s.max_compute - led.paper_units)
+        return float(s.max_compute - self.spent)
 
     # -- internals ------------------------------------------------------------------------------
     def apply(self) -> None:
@@ -182,6 +187,7 @@ class Controller:
             "knobs": self.knobs.state_dict(),
             "rung": self.rung,
             "groups_done": self.groups_done,
+            "spent": self.spent,
             "decisions": self.decisions,
             "window": self.window.state_dict(),
             "guard": {
@@ -195,6 +201,7 @@ class Controller:
         self.knobs = Knobs.from_state(state["knobs"])
         self.rung = None if state["rung"] is None else int(state["rung"])
         self.groups_done = int(state["groups_done"])
+        self.spent = float(state["spent"])
         self.decisions = int(state["decisions"])
         self.window.load_state_dict(state["window"])
         g = state["guard"]

@@ -92,13 +92,21 @@ def test_the_lr_knob_scales_by_the_window_ess():
 
 def test_the_budget_ends_the_run_before_an_overrunning_step():
     ctl, _, _, led = build()
-    # At R = 64 a step costs 1 unit: 99.5 spent -> the next would end at 100.5 > 100: last.
-    led.paper_units = 99.5
+    # Nominal units: at R = 64 a step costs 1, at R = 32 (64 + 96) / 256 = 0.625 (mu 3).
+    step(ctl, 0)
+    assert ctl.spent == pytest.approx(1.0)
+    # 99.5 spent -> the next step at R = 64 would end at 100.5 > 100: last.
+    ctl.spent = 99.5
     assert ctl.last(150, led)
-    led.paper_units = 99.0
+    ctl.spent = 99.0
     assert not ctl.last(150, led)
-    assert ctl.last(290, led)  # resolve()'s bound
     assert ctl.budget_left(led) == pytest.approx(1.0)
+    assert ctl.last(290, led)  # resolve()'s bound
+    ctl.knobs.rollouts_per_step = 32  # 99.5 + 0.625 > 100, 99.375 + 0.625 = 100 is not over
+    ctl.spent = 99.5
+    assert ctl.last(150, led)
+    ctl.spent = 99.375
+    assert not ctl.last(150, led)
 
 
 def test_a_state_mid_window_continues_to_the_same_decisions():

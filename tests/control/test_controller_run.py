@@ -71,3 +71,27 @@ def test_a_controlled_run_resumes_bitwise_and_spends_its_budget(policy, fast, tm
     assert without_wall_clock(read_metrics(killed / "metrics.jsonl")) == want
     weights = "final_model/model.safetensors"
     assert (killed / weights).read_bytes() == (full / weights).read_bytes()
+
+
+def test_a_controller_that_never_moves_trains_and_charges_as_the_fixed_run(fast, tmp_path):
+    """controller=adaptive deciding only after the budget is spent (every 1000 steps) keeps
+    the run's own R and N: the same training, the same compute charged step by step and the
+    same step count (its budget rule against the fixed run's derived steps, on a replay design
+    whose step costs (16 + 3 x 8) / 64 = 0.625 units: floor(8 / 0.625) = 12 steps) as
+    controller=fixed; only its own keys (controller/*, loss/ess_frac) are added."""
+    common = [*fast, "buffer.capacity=64", "schedule.rollouts_per_step=8",
+              "schedule.max_steps=null", "schedule.max_compute=8", "compute.mu=3.0",
+              "eval.every=4"]  # fmt: skip
+    fixed, ctl = tmp_path / "fixed", tmp_path / "ctl"
+    for run_dir, extra in ((fixed, []), (ctl, ["controller=adaptive", "controller.every=1000"])):
+        cmd = [sys.executable, "-m", "replay_exp.train", *common, f"run_dir={run_dir}", *extra]
+        proc = _launch(cmd, tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    want = without_wall_clock(read_metrics(fixed / "metrics.jsonl"))
+    got = [
+        {k: v for k, v in r.items() if not k.startswith("controller/") and k != "loss/ess_frac"}
+        for r in without_wall_clock(read_metrics(ctl / "metrics.jsonl"))
+    ]
+    assert got == want
+    assert want[-1]["step"] == 12
+    assert any("controller/rollouts_per_step" in r for r in read_metrics(ctl / "metrics.jsonl"))
