@@ -11,6 +11,8 @@
         buffer.add(fresh, step)            # the eviction policy decides what leaves
         batch = buffer.sample(B, step)     # the sampling policy; per-use telemetry recorded
         one policy update on batch         # GRPO or AsymRE; DDP / FSDP share the gradient
+        controller.decide(version)         # controller=adaptive, every K steps: R, N, lr from
+                                           # the window's signals; its budget rule ends the run
         runtime.after_update(version)      # weights to the generators (every k steps)
         ledger + log; on the eval grid evaluate on the held-out split
         every c steps snapshot every component (relaunching resumes from the latest)
