@@ -73,7 +73,8 @@ def test_async_splits_by_hand():
     < G, not scored; W = 7, T = 1: 65.5 > B, left out (more than a batch a step)."""
     splits = {s.workers: s for s in dm.async_splits(64, 8, 6.84, 8)}
     assert sorted(splits) == [1, 2, 3, 4, 5, 6]
-    assert splits[6].R == pytest.approx(384 / 13.68) and splits[6].R_groups == 32
+    rate = splits[6].R
+    assert rate == pytest.approx(384 / 13.68) and splits[6].R_groups == 32
     assert splits[5].R_groups == 16 and splits[3].R_groups is None
     rows = dm.async_designs(64, 8, 6.84, 3000, 8)
     assert {(N, R) for s, N, R in rows if s.workers == 5} == {
