@@ -246,10 +246,10 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             if p.lead and is_log:
                 row = {"step": version, "policy/version": version}
                 row.update(step_metrics(record, stats))
-                row.update(p.controller.metrics() if p.controller else {})
                 row.update(control or {})
             if p.lead and (is_log or is_eval):  # runtime/node_time is an eval row's x too
                 row.update(rt.metrics(led))
+                row.update(p.controller.metrics() if p.controller else {})  # the knobs now
             if p.lead and is_eval:
                 comp = led.composition()  # cumulative, and over the interval since last eval
                 since = interval_composition(comp, last_eval)

@@ -273,6 +273,8 @@ def make_report(
 
     composition, composition_lines = _composition(runs, x, base, out)
     written += composition
+    controlled, controller_lines = _controller(runs, x, base, out)
+    written += controlled
 
     if any((Path(d) / "buffer_telemetry.json").is_file() for d in runs.runs["run_dir"]):
         written += plot_telemetry(runs.runs, out / "telemetry")
@@ -289,6 +291,7 @@ def make_report(
                      n_boot, out, theory_note(mu) if theory is None else None)  # fmt: skip
     extra = [] if passk is None else _passk_markdown(passk, x)
     extra += ([""] if extra and composition_lines else []) + composition_lines
+    extra += ([""] if extra and controller_lines else []) + controller_lines
     if extra:  # before the list of files
         head, sep, files = text.partition("\n## Files\n")
         text = head + "\n" + "\n".join(extra) + "\n" + sep + files
@@ -580,6 +583,47 @@ def _composition(runs: Runs, x: str, base: str | None, out: Path) -> tuple[list[
         n = len(with_keys) + len(without)
         lines += ["", f"{len(without)} of {n} runs left out of this section (no `data/*` "
                   f"composition keys: logged before them): {which}."]  # fmt: skip
+    return written, lines
+
+
+# The knobs a controller (controller=adaptive) logs on every evaluated row, and their names.
+KNOBS = {
+    "controller/reuse_ratio": "reuse ratio y = B / R",
+    "controller/horizon": "horizon x = N / R",
+}
+
+
+def _controller(runs: Runs, x: str, base: str | None, out: Path) -> tuple[list[Path], list[str]]:
+    """Runs under controller=adaptive: the seed-mean path of each knob vs ``x``
+    (``controller_<knob>_<x>``) and a table of where each configuration ended (final knobs and
+    decisions, means over seeds); nothing when no run has a controller."""
+    steps = runs.steps
+    if "controller/reuse_ratio" not in steps or steps["controller/reuse_ratio"].isna().all():
+        return [], []
+    ctl = steps[steps["controller/reuse_ratio"].notna()]
+    written: list[Path] = []
+    for key, name in KNOBS.items():
+        stem = f"controller_{key.split('/')[1]}_{x}"
+        written += plot_curves(aggregate(ctl, x, key), out / stem, x_label(x), name, base,
+                               title=f"the controller's {name}")  # fmt: skip
+    last = ctl.groupby("run", sort=False).last().reset_index()
+    cols = ["controller/reuse_ratio", "controller/capacity", "controller/horizon",
+            "controller/lr_scale", "controller/decisions", "controller/moves_up",
+            "controller/moves_down"]  # fmt: skip
+    table = last.groupby("label", sort=False).agg(
+        seeds=("run", "count"), **{c.split("/")[1]: (c, "mean") for c in cols if c in last}
+    )
+    table.reset_index().to_csv(out / "controller_final.csv", index=False)
+    written.append(out / "controller_final.csv")
+    lines = ["## The controller", "",
+             "Runs under `controller=adaptive` (docs/controller.md): where each configuration's "
+             "knobs ended and how often it moved (last logged values, mean over seeds); the "
+             f"paths vs {x}: " + ", ".join(f"`controller_{k.split('/')[1]}_{x}.png`"
+                                            for k in KNOBS) + ".", ""]  # fmt: skip
+    header = "| configuration | " + " | ".join(table.columns) + " |"
+    lines += [header, _rule(header)]
+    for label, r in table.iterrows():
+        lines.append(f"| {label} | " + " | ".join(f"{v:.4g}" for v in r.to_numpy()) + " |")
     return written, lines
 
 

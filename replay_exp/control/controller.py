@@ -62,6 +62,7 @@ class Controller:
         self.groups_done = 0
         self.spent = 0.0  # nominal paper units of the steps taken (the budget's, see above)
         self.decisions = 0
+        self.moves = {"up": 0, "down": 0}  # decisions that moved to more / less reuse
         self.window = Window()
         self.guard = guard.GuardState()
         self.apply()
@@ -105,13 +106,14 @@ class Controller:
         self.decisions += 1
         self.window = Window()
         action = np.sign(before[0] - R) if before[0] != R else np.sign(N - before[1])
+        if action:
+            self.moves["up" if action > 0 else "down"] += 1
         log.info(
             "controller at step %d: R %d -> %d, N %d -> %d, lr x %.3g (%s)",
             version, before[0], R, before[1], N, lr, reason,
         )  # fmt: skip
         row = {
             "action": float(action),
-            "decisions": float(self.decisions),
             **{f"in/{k}": v for k, v in summary.items()},
             "in/budget_left": self.budget_left(led),
             "in/measured_mu": led.metrics().get("measured_mu", math.nan),
@@ -120,7 +122,8 @@ class Controller:
         return {f"controller/{k}": v for k, v in {**row, **self._knob_values()}.items()}
 
     def metrics(self) -> dict[str, float]:
-        """The knobs now, on every logged row (``controller/*``)."""
+        """The knobs now and the decisions so far, on every logged and evaluated row
+        (``controller/*``)."""
         return {f"controller/{k}": v for k, v in self._knob_values().items()}
 
     def last(self, version: int, led: Any) -> bool:
@@ -156,6 +159,8 @@ class Controller:
         return {
             "rollouts_per_step": float(R), "reuse_ratio": self.B / R, "capacity": float(N),
             "horizon": N / R, "lr_scale": self.knobs.lr_scale,
+            "decisions": float(self.decisions), "moves_up": float(self.moves["up"]),
+            "moves_down": float(self.moves["down"]),
             # rungs above the start (0: the config's own design); NaN: off the ladder
             "rung": math.nan if self.rung is None else float(self.rung - self.ladder.start),
         }  # fmt: skip
@@ -189,6 +194,7 @@ class Controller:
             "groups_done": self.groups_done,
             "spent": self.spent,
             "decisions": self.decisions,
+            "moves": dict(self.moves),
             "window": self.window.state_dict(),
             "guard": {
                 "streak": self.guard.streak,
@@ -203,6 +209,7 @@ class Controller:
         self.groups_done = int(state["groups_done"])
         self.spent = float(state["spent"])
         self.decisions = int(state["decisions"])
+        self.moves = {k: int(v) for k, v in state["moves"].items()}
         self.window.load_state_dict(state["window"])
         g = state["guard"]
         self.guard = guard.GuardState(int(g["streak"]), float(g["grad_sum"]),

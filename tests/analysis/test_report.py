@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from replay_exp.runlog import read_metrics
+
 pytestmark = pytest.mark.slow
 
 
@@ -153,3 +155,33 @@ def test_report_errors_are_one_line(tmp_path, args, message):
     assert proc.returncode == 2 and message in proc.stderr
     assert proc.stderr.startswith("report error: ") and len(proc.stderr.splitlines()) == 1
     assert not (tmp_path / "nope").exists() and not (tmp_path / "report").exists()
+
+
+def test_report_of_a_controlled_sweep_draws_the_knob_paths(fast_session, tmp_path):
+    """Two seeds of controller=adaptive (a rung up at every calm decision, every 2 steps, from
+    the on-policy start R = N = B = 16): the report draws each knob's path and tables where
+    the knobs ended; its eval rows carry the knobs, so an archived copy keeps them too."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay_exp.train", "-m", *fast_session, "sweep_name=ctl",
+         f"output_root={tmp_path / 'runs'}", "controller=adaptive", "controller.every=2",
+         "controller.guard.patience=1", "buffer.capacity=16", "schedule.max_steps=8",
+         "eval.every=4", "save_final_model=false", "seed=0,1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "report"
+    proc = _report(tmp_path / "runs" / "ctl", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for knob in ("reuse_ratio", "horizon"):
+        _png(out / f"controller_{knob}_compute.png")
+        path = pd.read_csv(out / f"controller_{knob}_compute.csv")
+        assert (path["n_runs"] == 2).all()
+    final = pd.read_csv(out / "controller_final.csv")
+    assert final["seeds"].tolist() == [2]
+    # every 2 steps for 8 steps: 4 decisions; it started at y = 1 and climbed (calm on-policy)
+    assert final["decisions"].tolist() == [4.0]
+    assert final["reuse_ratio"].iloc[0] > 1 and final["moves_up"].iloc[0] >= 1
+    assert "## The controller" in (out / "summary.md").read_text()
+    for metrics in (tmp_path / "runs" / "ctl").glob("*/metrics.jsonl"):
+        evals = [r for r in read_metrics(metrics) if "eval/pass@1" in r]
+        assert all("controller/reuse_ratio" in r for r in evals[1:])  # step 0: before any step
