@@ -54,7 +54,6 @@ class Ladder:
         owns_reuse: bool = True,
         owns_capacity: bool = True,
     ):
-        self.B, self.G, self.R_min, self.N_max = B, G, R_min, N_max
 
         def rung(level: int) -> tuple[int, int]:
             R = R0
@@ -76,9 +75,9 @@ class Ladder:
         self.rungs: list[tuple[int, int]] = [*reversed(down), rung(0), *up]
         self.start = len(down)
 
-    def knobs(self, index: int, lr_scale: float = 1.0) -> Knobs:
+    def knobs(self, index: int) -> Knobs:
         R, N = self.rungs[index]
-        return Knobs(R, N, lr_scale)
+        return Knobs(R, N)
 
     def clamp(self, index: int) -> int:
         return min(len(self.rungs) - 1, max(0, index))
