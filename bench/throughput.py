@@ -67,12 +67,16 @@ tiny Qwen3 of the tests. One device, one process.
    published performance pages (searched) give no single-GPU Qwen3-0.6B trainer number. Results
    as JSON with ``--out``.
 
-``--max-seconds`` (default 170): a section is skipped, and its row says so, when it would start
-after that many seconds of wall time (a trainer length) or, by a rough estimate, end after them
-(a generation row: the cached loop's seconds for the eager static sampler, 60 s for
-``compile=True`` or for vLLM); the rows run in the order cached loop, static compiled, static
-eager, vLLM, so the last ones are dropped first. The wall time is printed. On an H100 the defaults
-should take ~2-3 minutes (estimated: not yet run on a GPU); ``--max-seconds 420`` runs every row.
+``--max-seconds`` (default 170): a section is skipped, and its row says so, when by an estimate it
+would end after that many seconds of wall time: a trainer length, the last length's wall time
+scaled by tokens per step; a generation row, its own warm-up's rate (the eager samplers warm up
+on 16 tokens, the estimate includes their start-up), before that the cached loop's seconds for
+the eager static sampler, and 60 s for ``compile=True`` or for vLLM. The rows run in the order
+cached loop, static compiled, static eager, vLLM, so the last ones are dropped first. With
+``--out`` the JSON is rewritten after every row, so a run killed from outside keeps what it
+measured. The wall time is printed. First H100 run (2026-12-05, gpu_check's budget of 129 s):
+the trainer rows fit, then the cached loop's 64 x 1024-token decode ran past the limit (the
+check killed it at 154 s) — the reason for the warm-up estimate.
 
 ``--smoke``: the tiny Qwen3, lengths 32 / 64, batch 4 in micro-batches of 2, prompts of 16,
 1 warm-up + 1 timed update, 4 prompts x 16 new tokens, bfloat16 compute (the GPU run's code
@@ -318,12 +322,24 @@ def gen_variants(smoke: bool = False) -> list[tuple[str, dict | None, str]]:
     return rows + [("hf static", {"sampler": "static"}, "")]
 
 
-def time_generation(gen, prompts, mask, n_tokens: int, warm_tokens: int, device: str) -> dict:
+def time_generation(
+    gen, prompts, mask, n_tokens: int, warm_tokens: int, device: str, left=None
+) -> dict:
+    """A warm-up generation of ``warm_tokens``, then the timed one of ``n_tokens``. ``left()``
+    (seconds before --max-seconds) skips the timed one when the warm-up's rate, which includes
+    its start-up, puts it past the limit: a launch-bound decode of 1 k tokens can take minutes."""
     sync(device)
     t0 = time.perf_counter()
     gen.generate(prompts, mask, SamplingParams(1.0, 1.0, warm_tokens), seed=0)
     sync(device)
     warm_s = time.perf_counter() - t0
+    expected_s = warm_s * n_tokens / warm_tokens
+    if left is not None and expected_s > left():
+        return {
+            "warmup_seconds": warm_s, "expected_seconds": expected_s,
+            "error": f"skipped (--max-seconds): {warm_tokens} warm-up tokens took {warm_s:.1f} s, "
+            f"so {n_tokens} would take ~{expected_s:.0f} s, {left():.0f} s left",
+        }  # fmt: skip
     t0 = time.perf_counter()
     out = gen.generate(prompts, mask, SamplingParams(1.0, 1.0, n_tokens), seed=1)
     sync(device)
@@ -336,7 +352,7 @@ def time_generation(gen, prompts, mask, n_tokens: int, warm_tokens: int, device:
     }  # fmt: skip
 
 
-def gen_rows(model, tok, args, shape: dict, deadline) -> list[dict]:
+def gen_rows(model, tok, args, shape: dict, deadline, left, save) -> list[dict]:
     device, n, G, P = args.device, args.gen_prompts, args.gen_tokens, args.prompt_len
     V = shape["vocab"]
     eos = V  # never sampled: token ids are < V, so every row runs the full length
@@ -356,8 +372,9 @@ def gen_rows(model, tok, args, shape: dict, deadline) -> list[dict]:
             gen = None
             try:
                 gen = hf.HFGenerator(model, tok.pad_token_id, eos, chunk_size=n, **kwargs)
-                rows.append(row | time_generation(gen, prompts, mask, G, warm, device))
-                first_s = first_s or rows[-1]["warmup_seconds"] + rows[-1]["seconds"]
+                rows.append(row | time_generation(gen, prompts, mask, G, warm, device, left))
+                if "seconds" in rows[-1]:
+                    first_s = first_s or rows[-1]["warmup_seconds"] + rows[-1]["seconds"]
             except Exception as e:  # an optional sampler failing must not sink the table
                 if kwargs["sampler"] == "cached_loop":
                     raise
@@ -365,6 +382,7 @@ def gen_rows(model, tok, args, shape: dict, deadline) -> list[dict]:
             del gen  # a compiled static sampler keeps its cache while it lives
             free(device)
         print(f"  generation {name}: {fmt_gen(rows[-1])}", flush=True)
+        save(rows)
     late = deadline(VLLM_START_GUESS_S)
     rows.append(vllm_row(model, tok, args, prompts, mask, eos, setting, late))
     print(f"  generation vllm: {fmt_gen(rows[-1])}", flush=True)
@@ -496,9 +514,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
 
+    def left() -> float:
+        return args.max_seconds - (time.perf_counter() - t_start)
+
     def deadline(expected_s: float = 0.0) -> bool:
         """Would a section expected to take ``expected_s`` end past --max-seconds?"""
-        return time.perf_counter() - t_start + expected_s > args.max_seconds
+        return expected_s > left()
+
+    def save(_rows=None) -> None:
+        """Write what is measured so far, so that a run killed from outside keeps its rows."""
+        if args.out:
+            result["wall_seconds"] = time.perf_counter() - t_start
+            Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -533,13 +560,21 @@ def run(args: argparse.Namespace) -> dict:
         "command": " ".join(sys.argv),
     }  # fmt: skip
     if not args.no_train:
+        # A row's expected cost: the last measured row's wall time scaled by tokens per step.
+        last_s, last_tokens = 0.0, None
         for L, B, m in zip(args.lengths, args.batch, args.micro_batch, strict=True):
-            if deadline():
+            tokens = B * (args.prompt_len + L)
+            expected_s = last_s * tokens / last_tokens if last_tokens else 0.0
+            if deadline(expected_s):
                 result["train"].append({"kind": "train", "L": L, "B": B, "micro": m,
-                                        "error": "skipped (--max-seconds)"})  # fmt: skip
+                                        "error": "skipped (--max-seconds)",
+                                        "expected_seconds": expected_s})  # fmt: skip
                 continue
+            t_row = time.perf_counter()
             r = train_row(model, args, L, B, m, peaks, shape)
+            last_s, last_tokens = time.perf_counter() - t_row, tokens
             result["train"].append(r)
+            save()
             if "error" not in r:
                 print(f"  train L={L}: {B} x ({args.prompt_len} + {L}) = {r['tokens_per_step']} "
                       f"tokens/step, micro {m}, checkpointing {onoff(r['checkpointing'])}: median "
@@ -547,7 +582,8 @@ def run(args: argparse.Namespace) -> dict:
                       f"{pct(r['mfu_measured'])} (measured peak) / {pct(r['mfu_datasheet'])} "
                       "(datasheet)", flush=True)  # fmt: skip
     if not args.no_gen:
-        result["gen"] = gen_rows(model, tok, args, shape, deadline)
+        result["gen"] = gen_rows(model, tok, args, shape, deadline, left,
+                                 lambda rows: save(result.update(gen=rows)))  # fmt: skip
     result["wall_seconds"] = time.perf_counter() - t_start
     return result
 
