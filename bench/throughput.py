@@ -521,7 +521,7 @@ def run(args: argparse.Namespace) -> dict:
         """Would a section expected to take ``expected_s`` end past --max-seconds?"""
         return expected_s > left()
 
-    def save(_rows=None) -> None:
+    def save() -> None:
         """Write what is measured so far, so that a run killed from outside keeps its rows."""
         if args.out:
             result["wall_seconds"] = time.perf_counter() - t_start
@@ -582,8 +582,12 @@ def run(args: argparse.Namespace) -> dict:
                       f"{pct(r['mfu_measured'])} (measured peak) / {pct(r['mfu_datasheet'])} "
                       "(datasheet)", flush=True)  # fmt: skip
     if not args.no_gen:
-        result["gen"] = gen_rows(model, tok, args, shape, deadline, left,
-                                 lambda rows: save(result.update(gen=rows)))  # fmt: skip
+
+        def save_gen(rows: list[dict]) -> None:
+            result["gen"] = rows
+            save()
+
+        result["gen"] = gen_rows(model, tok, args, shape, deadline, left, save_gen)
     result["wall_seconds"] = time.perf_counter() - t_start
     return result
 
