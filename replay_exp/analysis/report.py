@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -301,6 +302,35 @@ def make_report(
                 f"of the seed mean) only: `--best-over {best_over_key}`.\n\n{rest}")  # fmt: skip
     summary.write_text(text)
     return summary, [summary, *written]
+
+
+# What a committed report keeps (--slim; docs/analysis.md, "Where study data lives"): the
+# summary, the tables its text is made of and the figures it cites; the per-step figure data and
+# the other figures are redrawn from the archived runs.
+SLIM_KEEP = ("summary.md", "runs.csv", "targets.csv", "stats.csv", "passk_stats.csv",
+             "composition_final.csv", "controller_final.csv", "curves_{x}.png", "heatmap.png",
+             "controller_reuse_ratio_{x}.png", "controller_horizon_{x}.png")  # fmt: skip
+
+
+def slim(summary: Path, files: list[Path], x: str, command: str) -> list[Path]:
+    """Delete the files of ``files`` (a report in ``summary``'s folder) that :data:`SLIM_KEEP`
+    does not keep and end the summary's file list with what was dropped and the ``command``
+    that redraws it; returns the kept files. Links to files elsewhere (theory curves) stay."""
+    keep = {k.format(x=x) for k in SLIM_KEEP}
+    out = summary.parent
+    dropped = [f for f in files if f.parent == out and f.name not in keep]
+    for f in dropped:
+        f.unlink(missing_ok=True)
+    gone = {f.name for f in dropped}
+    head, sep, listing = summary.read_text().partition("\n## Files\n")
+    lines = [line for line in listing.splitlines()
+             if not any(line == f"- [{n}]({n})" for n in gone)]  # fmt: skip
+    if gone:
+        lines.append(f"- not kept in the repository: {', '.join(sorted(gone))}; redrawn from "
+                     f"the archived runs by `{command}` (the rest of this summary comes out the "
+                     "same)")  # fmt: skip
+    summary.write_text(head + sep + "\n".join(lines).rstrip("\n") + "\n")
+    return [f for f in files if f not in dropped]
 
 
 def theory_note(mu: float | None) -> str | None:
@@ -694,6 +724,12 @@ def main(argv: list[str] | None = None) -> None:
         "points): equivalent when its whole 95 %% interval lies inside +-margin, non-inferior "
         "when it lies above -margin but reaches past +margin",
     )
+    p.add_argument(
+        "--slim",
+        action="store_true",
+        help="a report to commit beside archived runs: keep the summary, its tables and the "
+        "figures it cites; the summary names the rest and the command that redraws it",
+    )
     args = p.parse_args(argv)
     try:
         if not 0 < args.frac <= 1:
@@ -720,6 +756,10 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ReportError) as e:
         print(f"report error: {e}", file=sys.stderr)
         sys.exit(2)
+    if args.slim:
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--slim"]
+        command = shlex.join(["replay-exp-report", *map(str, rest)])
+        files = slim(summary, files, args.x, command)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     print(summary.read_text())

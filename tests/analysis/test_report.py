@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,29 @@ def test_report_equivalence_margin(tiny_sweeps, tmp_path):
     assert not list(out.glob("theory_*")) and "theory curves for mu = 6.84: not drawn" in summary
     row = next(line for line in summary.splitlines() if line.startswith("| FIFO, y=2 | 2 (yes) "))
     assert row.endswith(f" {stats['final_equivalence'].iloc[0]} |")
+
+
+def test_slim_report_keeps_its_tables_and_names_the_rest(tiny_sweeps, tmp_path):
+    full, lean = tmp_path / "full", tmp_path / "lean"
+    assert _report(tiny_sweeps["compute"], "--out", full, "--n-boot", "200").returncode == 0
+    proc = _report(tiny_sweeps["compute"], "--out", lean, "--n-boot", "200", "--slim")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = {p.name for p in lean.iterdir()}
+    # This sweep has a baseline, pass@k and composition, but no heatmap and no controller.
+    assert kept == {"summary.md", "runs.csv", "targets.csv", "stats.csv", "passk_stats.csv",
+                    "composition_final.csv", "curves_compute.png"}  # fmt: skip
+    text = (lean / "summary.md").read_text()
+    before, _, files = text.partition("\n## Files\n")
+    assert before == (full / "summary.md").read_text().partition("\n## Files\n")[0]
+    # Every link left points at a kept file; the last line names every dropped one and the
+    # command that redraws them (this one, less --slim).
+    for name in re.findall(r"\]\(([^)/]+)\)", files):
+        assert name in kept
+    last = files.rstrip("\n").splitlines()[-1]
+    dropped = sorted({p.name for p in full.iterdir()} - kept)
+    assert last.startswith(f"- not kept in the repository: {', '.join(dropped)}; redrawn ")
+    assert f"`replay-exp-report {tiny_sweeps['compute']} --out {lean} --n-boot 200`" in last
+    assert text == proc.stdout.split("wrote ")[0].rstrip("\n") + "\n"
 
 
 def test_report_heatmap_over_n_and_the_node_split(tiny_sweeps, tmp_path):
