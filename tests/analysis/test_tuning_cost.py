@@ -10,12 +10,18 @@ import pytest
 from replay_exp.analysis.studies.tuning_cost import main, tuning_cost
 
 
-def _run(root, name, units, seconds, status="finished"):
+def _run(root, name, units, seconds, finished=True):
     d = root / name
     d.mkdir(parents=True)
-    (d / "metrics.jsonl").write_text('{"step": 0}\n')
-    summary = {"status": status, "compute": {"paper_units": units, "seconds": seconds}}
-    (d / "summary.json").write_text(json.dumps(summary))
+    ledger = {"compute/paper_units": units, "compute/seconds": seconds}
+    # An unfinished run has no summary.json: its last logged row carries the ledger (an earlier
+    # row spent less; a diagnostics row without compute keys comes last).
+    rows = [{"step": 0, "compute/paper_units": 0.0, "compute/seconds": 0.0}, {"step": 9, **ledger},
+            {"step": 9, "loss/pg": 0.1}]  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished:
+        summary = {"status": "finished", "compute": {"paper_units": units, "seconds": seconds}}
+        (d / "summary.json").write_text(json.dumps(summary))
 
 
 @pytest.fixture
@@ -26,7 +32,7 @@ def sweeps(tmp_path):
     _run(tmp_path / "grid", "lr=2,seed=0", 3000.0, 1800.0)
     _run(tmp_path / "select", "a,seed=0", 3000.0, 3600.0)
     _run(tmp_path / "select", "b,seed=0", 2999.5, 3600.0)
-    _run(tmp_path / "select", "c,seed=0", 1000.0, 1200.0, status="running")
+    _run(tmp_path / "select", "c,seed=0", 1000.0, 1200.0, finished=False)
     for arm in ("onp", "ctl"):
         _run(tmp_path / arm, "seed=5", 3000.0, 600.0)
         _run(tmp_path / arm, "seed=6", 3000.0, 600.0)

@@ -18,8 +18,9 @@ on-policy lr grid chose the controller's start too):
 
 writes ``tuning_cost.csv`` and ``summary.md``: per arm the runs and paper units of its tuning and
 of its verdict, the total, and the total in verdict runs (tuning + verdict over the mean verdict
-run: how many runs of the final design the whole search was worth). Unfinished runs count with
-what they spent, and are named.
+run: how many runs of the final design the whole search was worth). An unfinished run (no
+``summary.json``) counts with what its last logged row's ledger had spent, and the summary
+says how many there were.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from replay_exp.analysis.loader import find_run_dirs
+from replay_exp.runlog import read_metrics
 
 
 def spent(dirs: list[Path]) -> dict[str, float]:
@@ -40,10 +42,16 @@ def spent(dirs: list[Path]) -> dict[str, float]:
     units = seconds = 0.0
     finished = 0
     for run in sorted(runs):
-        summary = json.loads((run / "summary.json").read_text())
-        units += float(summary["compute"]["paper_units"])
-        seconds += float(summary["compute"]["seconds"])
-        finished += summary.get("status") == "finished"
+        if (run / "summary.json").is_file():
+            summary = json.loads((run / "summary.json").read_text())
+            compute = summary["compute"]
+            finished += summary.get("status") == "finished"
+        else:  # killed or still running: the ledger of its last logged row
+            last = [r for r in read_metrics(run / "metrics.jsonl") if "compute/paper_units" in r]
+            compute = {k.split("/", 1)[1]: v for k, v in (last[-1] if last else {}).items()
+                       if k.startswith("compute/")}  # fmt: skip
+        units += float(compute.get("paper_units") or 0.0)
+        seconds += float(compute.get("seconds") or 0.0)
     return {"runs": len(runs), "finished": finished, "units": units, "seconds": seconds}
 
 
