@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -138,7 +140,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"cannot read a run's compute: {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "tuning_cost.csv", index=False)
-    text = markdown(table, arms)
+    args_given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "replay_exp.analysis.studies.tuning_cost", *args_given])
+    text = markdown(table, arms) + f"\nCommand: `{command}`\n"
     (args.out / "summary.md").write_text(text)
     print(text)
 
