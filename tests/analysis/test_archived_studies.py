@@ -1,8 +1,8 @@
 """The committed studies rebuild from the repository alone: ``replay-exp-report`` over the
 archived runs in ``analysis/runs/`` (metrics and per-problem results gzip-compressed,
 ``replay_exp/analysis/archive.py``) gives the committed ``analysis/results/<study>/summary.md``,
-number for number. Two studies: a two-sweep report against the on-policy baseline and a
-one-sweep report against a named baseline."""
+number for number. Three studies: a two-sweep report against the on-policy baseline, a
+one-sweep report against a named baseline and a slim three-sweep report with a margin."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ RUNS = ROOT / "analysis" / "runs"
 STUDIES = {
     "finding1_stage2_tiny": (["finding1_stage2_onpolicy_tiny", "finding1_stage2_tiny"], {}),
     "finding5_confirm_tiny": (["finding5_confirm_tiny"], {"reference": "sync every 1"}),
+    # A --slim report with an equivalence margin and a controller's table.
+    "controller_verdict_tiny": (
+        [
+            "controller_verdict_onpolicy_tiny",
+            "controller_verdict_fixed_tiny",
+            "controller_verdict_tiny",
+        ],
+        {"margin": 0.015},
+    ),
 }
 
 
