@@ -323,8 +323,8 @@ def slim(summary: Path, files: list[Path], x: str, command: str) -> list[Path]:
         f.unlink(missing_ok=True)
     gone = {f.name for f in dropped}
     head, sep, listing = summary.read_text().partition("\n## Files\n")
-    lines = [line for line in listing.splitlines()
-             if not any(line == f"- [{n}]({n})" for n in gone)]  # fmt: skip
+    links = {f"- [{n}]({n})" for n in gone}
+    lines = [line for line in listing.splitlines() if line not in links]
     if gone:
         lines.append(f"- not kept in the repository: {', '.join(sorted(gone))}; redrawn from "
                      f"the archived runs by `{command}` (the rest of this summary comes out the "
