@@ -333,13 +333,31 @@ def slim(summary: Path, files: list[Path], x: str, command: str) -> list[Path]:
     return [f for f in files if f not in dropped]
 
 
+def sources_title(paths) -> str:
+    """The report's sources for its title: a sweep directory by its name; run directories given
+    one by one (a shell glob over a sweep's runs) by their sweep's name and how many, in order:
+    ``a/s1 b/s2/r1 b/s2/r2`` -> "s1, s2 (2 runs)"."""
+    names: dict[str, int] = {}
+    for p in map(Path, paths):
+        if (p / "config.yaml").is_file():
+            names[p.parent.name] = names.get(p.parent.name, 0) + 1
+        else:
+            names.setdefault(p.name, 0)
+    return ", ".join(f"{k} ({n} run{'s' * (n > 1)})" if n else k for k, n in names.items())
+
+
 def theory_note(mu: float | None) -> str | None:
     """The summary's line about the theory curves a report drew without ``--theory``."""
     if mu is None:
         return None
+    committed = f"analysis/results/theory/mu={mu:g}"
+    where = (
+        f"; committed once in `{committed}/`"
+        if (Path(__file__).resolve().parents[2] / committed).is_dir()
+        else ""
+    )
     return (f"theory curves for mu = {mu:g}: not drawn here (`--theory DIR` draws them into "
-            f"`DIR/mu={mu:g}/`, or `replay-exp-theory --mu {mu:g} --plot DIR`; committed once in "
-            f"`analysis/results/theory/mu={mu:g}/` for the studies' mu)")  # fmt: skip
+            f"`DIR/mu={mu:g}/`, or `replay-exp-theory --mu {mu:g} --plot DIR`{where})")  # fmt: skip
 
 
 def _markdown(
@@ -349,7 +367,7 @@ def _markdown(
     n = runs.runs["status"].value_counts().to_dict()
     seeds = runs.runs.groupby("config").size()
     with_stats = stats is not None and len(stats) > 0
-    lines = [f"# Report: {', '.join(Path(p).name for p in paths)}", ""]
+    lines = [f"# Report: {sources_title(paths)}", ""]
     if seeds.min() < MIN_SEEDS:
         few = ", ".join(
             f"{runs.runs.loc[runs.runs['config'] == c, 'label'].iloc[0]} ({k})"

@@ -209,3 +209,18 @@ def test_report_of_a_controlled_sweep_draws_the_knob_paths(fast_session, tmp_pat
     for metrics in (tmp_path / "runs" / "ctl").glob("*/metrics.jsonl"):
         evals = [r for r in read_metrics(metrics) if "eval/pass@1" in r]
         assert all("controller/reuse_ratio" in r for r in evals[1:])  # step 0: before any step
+
+
+def test_the_title_names_run_directories_by_their_sweep(tmp_path):
+    """A shell glob over a sweep's runs (``sweep/mu=2,*``) hands the report run directories:
+    the title names their sweep and counts them instead of listing every run's name."""
+    from replay_exp.analysis.report import sources_title
+
+    for sweep, runs in {"s_onpolicy": ["mu=2,seed=40", "mu=2,seed=41"], "s_ctl": ["r"]}.items():
+        for r in runs:
+            (tmp_path / sweep / r).mkdir(parents=True)
+            (tmp_path / sweep / r / "config.yaml").write_text("seed: 0\n")
+    (tmp_path / "whole").mkdir()
+    paths = [tmp_path / "whole", *sorted((tmp_path / "s_onpolicy").iterdir()),
+             tmp_path / "s_ctl" / "r"]  # fmt: skip
+    assert sources_title(paths) == "whole, s_onpolicy (2 runs), s_ctl (1 run)"
