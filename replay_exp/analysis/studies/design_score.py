@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "# The design model's prediction, scored",
         "",
-        f"Sweeps: {', '.join(str(d) for d in a.sweep_dirs)}; seeds {a.seeds}; mu {a.mu}, "
+        f"Sweeps: {', '.join(str(d) for d in a.sweep_dirs)}"
+        f"{''.join(f' (runs with {k}={v})' for k, v in where.items())}; "
+        f"seeds {a.seeds}; mu {a.mu}, "
         f"alpha {a.alpha}, rho from {a.noise}; scored as {score_as or 'given'}.",
         "",
         markdown(
