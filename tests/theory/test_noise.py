@@ -177,3 +177,43 @@ def test_detection_limit_is_2_8_bootstrap_standard_errors():
     assert detection_limit(np.array([-1.0, np.nan, 1.0])) == pytest.approx(3.96204, abs=1e-4)
     assert detection_limit(np.array([2.0, 2.0, 2.0])) == 0.0
     assert np.isnan(detection_limit(np.array([1.0])))
+
+
+def test_saved_blocks_are_compacted_losslessly(tmp_path):
+    """save_blocks stores a symmetric Gram matrix as its upper triangle and an array equal to
+    one already stored by name; load_blocks gives back every array bit for bit, and still reads
+    a file in the older, plain layout."""
+    from replay_exp.theory.measure import load_blocks, save_blocks
+    from replay_exp.theory.noise import Blocks, CrossBlocks
+
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(5, 7))
+    gram = g @ g.T
+    gram = np.triu(gram) + np.triu(gram, 1).T  # exactly symmetric, as a pool's Gram blocks are
+    cross = rng.normal(size=(5, 5))  # square, not symmetric: stored whole
+    n = np.full(5, 8.0)
+    blocks = {0: {"4": {"sigma/0": Blocks(S=gram, D=np.diag(gram).copy(), n=n),
+                        "cross/0": CrossBlocks(S=gram.copy(), n_a=n.copy(), n_b=n.copy()),
+                        "cross/1": CrossBlocks(S=cross, n_a=n.copy(), n_b=n.copy())}}}  # fmt: skip
+    path = tmp_path / "noise_blocks.npz"
+    save_blocks(path, blocks)
+    names = set(np.load(path).files)
+    assert "0|4|sigma/0|S|triu" in names and "0|4|cross/1|S" in names
+    assert {"0|4|cross/0|S|same", "0|4|cross/0|n_a|same", "0|4|cross/1|n_b|same"} <= names
+    # 15 unique values of gram's upper triangle (5 * 6 / 2) instead of 25
+    assert np.load(path)["0|4|sigma/0|S|triu"].shape == (15,)
+
+    def same(a, b):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+    def check(got):
+        for key, b in blocks[0]["4"].items():
+            assert type(got[0]["4"][key]) is type(b)
+            for f in b.__dataclass_fields__:
+                assert same(getattr(got[0]["4"][key], f), getattr(b, f)), (key, f)
+
+    check(load_blocks(path))
+    plain = tmp_path / "plain.npz"  # the layout written before the compaction
+    np.savez_compressed(plain, **{f"0|4|{k}|{f}": getattr(b, f) for k, b in blocks[0]["4"].items()
+                                  for f in b.__dataclass_fields__})  # fmt: skip
+    check(load_blocks(plain))
