@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from replay_exp import PROJECT
 from replay_exp.analysis.curves import X_AXES, aggregate, target_table, x_label
 from replay_exp.analysis.labels import config_label, split_label
 from replay_exp.analysis.loader import Runs, load_runs
@@ -351,11 +352,7 @@ def theory_note(mu: float | None) -> str | None:
     if mu is None:
         return None
     committed = f"analysis/results/theory/mu={mu:g}"
-    where = (
-        f"; committed once in `{committed}/`"
-        if (Path(__file__).resolve().parents[2] / committed).is_dir()
-        else ""
-    )
+    where = f"; committed once in `{committed}/`" if (PROJECT / committed).is_dir() else ""
     return (f"theory curves for mu = {mu:g}: not drawn here (`--theory DIR` draws them into "
             f"`DIR/mu={mu:g}/`, or `replay-exp-theory --mu {mu:g} --plot DIR`{where})")  # fmt: skip
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from replay_exp import PROJECT
+
+CONF_DIR = PROJECT / "conf"
 
 # Values of eval.unit (the x-axis the evaluation grid is laid on, every eval.every of it) and
 # the cumulative ledger quantity (replay_exp.compute.ledger.Ledger) behind each.

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replay_exp import PROJECT
 from replay_exp.theory.design import candidates, design
 from replay_exp.theory.exact import rho_interpolated
 
@@ -96,13 +97,9 @@ def estimate_alpha(
     return alpha, float(lo), float(hi), aged
 
 
-# A relative controller.model.noise is looked up from the working directory, then from the
-# project's root (where the default, the embedded testbed's measurement, lives).
-PROJECT = Path(__file__).resolve().parents[2]
-
-
 def noise_path(path: str) -> Path:
-    """``controller.model.noise`` as a file: as given, else under the project's root."""
+    """``controller.model.noise`` as a file: as given (from the working directory), else under
+    the project's root (where the default, the embedded testbed's measurement, lives)."""
     p = Path(path)
     return p if p.is_absolute() or p.is_file() else PROJECT / p
 
