@@ -6,9 +6,9 @@ telemetry)`` at each evaluation, ``close(summary)``. ``logger=jsonl`` writes met
 
 Each row is written with one ``os.write`` on a file opened with O_APPEND, so a run killed
 mid-write leaves at most one truncated last line; :func:`read_metrics` skips such a line with a
-warning instead of failing. It also reads an archived run's gzip-compressed copy
-(``metrics.jsonl.gz``, ``eval_details.jsonl.gz``: :mod:`replay_exp.analysis.archive`) where the
-plain file is absent (:func:`jsonl_file`).
+warning instead of failing. It also reads an archived run's compressed copy (``metrics.jsonl.xz``,
+``eval_details.jsonl.xz``: :mod:`replay_exp.analysis.archive`; ``.gz`` in archives written before
+it moved to xz) where the plain file is absent (:func:`jsonl_file`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import json
 import logging
+import lzma
 import math
 import os
 import warnings
@@ -53,24 +54,38 @@ class MetricsWriter:
             self._fd = -1
 
 
+# An archived copy of a run's rows: xz (what replay_exp.analysis.archive writes), or gzip (what
+# it wrote before; still read).
+COMPRESSED_OPENERS = {".xz": lzma.open, ".gz": gzip.open}
+
+
 def jsonl_file(path: str | Path) -> Path | None:
     """The file holding the rows of ``path`` (a run's ``metrics.jsonl`` or
-    ``eval_details.jsonl``): ``path`` itself, else its gzip-compressed copy ``<path>.gz`` (how
-    archived runs keep them), else None."""
+    ``eval_details.jsonl``): ``path`` itself, else its compressed copy ``<path>.xz`` or
+    ``<path>.gz`` (how archived runs keep them), else None."""
     path = Path(path)
-    gz = path.with_name(path.name + ".gz")
-    return path if path.is_file() else gz if gz.is_file() else None
+    for found in (path, *(path.with_name(path.name + s) for s in COMPRESSED_OPENERS)):
+        if found.is_file():
+            return found
+    return None
+
+
+def open_text(path: str | Path):
+    """``path`` opened for reading text, decompressed when it is a ``.xz`` or ``.gz`` file."""
+    path = Path(path)
+    opener = COMPRESSED_OPENERS.get(path.suffix)
+    return opener(path, "rt") if opener else open(path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All complete rows of a metrics.jsonl (or of its ``.gz`` copy: :func:`jsonl_file`); a
+    """All complete rows of a metrics.jsonl (or of its compressed copy: :func:`jsonl_file`); a
     truncated or corrupt line is skipped with a warning."""
     found = jsonl_file(path)
     if found is None:
-        raise FileNotFoundError(f"no such file: {path} (nor {path}.gz)")
+        raise FileNotFoundError(f"no such file: {path} (nor a compressed copy {path}.xz/.gz)")
     path = found
     rows = []
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+    with open_text(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue

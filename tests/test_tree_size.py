@@ -52,7 +52,7 @@ def test_no_loose_jsonl_under_analysis():
     ]
     assert loose == [], (
         f"{len(loose)} uncompressed .jsonl tracked under analysis/ (first: {loose[:3]}); "
-        "archive runs with python -m replay_exp.analysis.archive, which writes .jsonl.gz"
+        "archive runs with python -m replay_exp.analysis.archive, which writes .jsonl.xz"
     )
 
 

@@ -73,7 +73,7 @@ class Runs:
 
 def find_run_dirs(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, Path]]:
     """(root, run_dir) for every run directory under ``paths``: a directory holding
-    metrics.jsonl (or an archived run's metrics.jsonl.gz) or config.yaml. A path that is itself
+    metrics.jsonl (or an archived run's metrics.jsonl.xz) or config.yaml. A path that is itself
     a run directory is its own root. Ordered by root (as given), then by path."""
     if isinstance(paths, str | Path):
         paths = [paths]
@@ -118,7 +118,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
             stacklevel=2,
         )
     rows: list[dict[str, Any]] = []
-    if jsonl_file(run_dir / "metrics.jsonl") is not None:  # or its .gz: an archived run
+    if jsonl_file(run_dir / "metrics.jsonl") is not None:  # or its .xz: an archived run
         rows = read_metrics(run_dir / "metrics.jsonl")
     try:
         finished = json.loads((run_dir / "summary.json").read_text()).get("status") == "finished"

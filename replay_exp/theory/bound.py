@@ -567,7 +567,7 @@ def estimate_mu_from_run(run_dir: str | Path) -> dict[str, Any]:
     config_path, metrics_path = run_dir / "config.yaml", run_dir / "metrics.jsonl"
     if not config_path.is_file():
         raise ValueError(f"{config_path} not found: not a finished run directory")
-    if jsonl_file(metrics_path) is None:  # an archived run's metrics.jsonl.gz stands for it
+    if jsonl_file(metrics_path) is None:  # an archived run's metrics.jsonl.xz stands for it
         raise ValueError(f"{metrics_path} not found: not a finished run directory")
     cfg = yaml.safe_load(config_path.read_text()) or {}
     sched = cfg.get("schedule") or {}

@@ -1,10 +1,13 @@
 """The committed archive of study runs (replay_exp/analysis/archive.py): an archived run
-(metrics and per-problem results gzip-compressed) loads and compares exactly as its source does;
-unfinished runs are skipped; a clash loses nothing."""
+(metrics and per-problem results xz-compressed) loads and compares exactly as its source does;
+unfinished runs are skipped; a clash loses nothing; an archive written as gzip before the move
+to xz still reads and re-archives as unchanged."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import shutil
 
 import pandas as pd
@@ -48,8 +51,8 @@ def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_swe
     archived = next(copy.rglob("archive.json")).parent
     source = src / archived.relative_to(copy)
     assert sorted(p.name for p in archived.iterdir()) == [
-        "archive.json", "buffer_telemetry.json", "config.yaml", "eval_details.jsonl.gz",
-        "metrics.jsonl.gz", "summary.json",
+        "archive.json", "buffer_telemetry.json", "config.yaml", "eval_details.jsonl.xz",
+        "metrics.jsonl.xz", "summary.json",
     ]  # fmt: skip
     rows = read_metrics(source / "metrics.jsonl")
     kept = [r for i, r in enumerate(rows) if i == len(rows) - 1 or any("eval/" in k for k in r)]
@@ -57,7 +60,7 @@ def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_swe
     details = read_metrics(source / "eval_details.jsonl")
     assert read_metrics(archived / "eval_details.jsonl") == details and details
     assert estimate_mu_from_run(archived) == estimate_mu_from_run(source)  # replay-exp-theory --run
-    # Archiving again changes nothing; elsewhere it gives the same bytes (no gzip time stamp).
+    # Archiving again changes nothing; elsewhere it gives the same bytes (xz has no time stamp).
     again = archive([src], tmp_path / "archive")
     assert len(again["unchanged"]) == 4 and not again["written"]
     archive([src], tmp_path / "other")
@@ -77,7 +80,7 @@ def test_unfinished_runs_are_skipped_and_a_clash_writes_nothing(tiny_sweeps, tmp
     assert main([str(src), "--out", str(out)]) == 0
     assert "skipped: 1" in capsys.readouterr().out
     # A different run under an archived name: an error naming it, and nothing overwritten.
-    victim = out / "compute" / runs[1].relative_to(src) / "metrics.jsonl.gz"
+    victim = out / "compute" / runs[1].relative_to(src) / "metrics.jsonl.xz"
     before = victim.read_bytes()
     with (runs[1] / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 99, "eval/pass@1": 1.0}) + "\n")
@@ -87,3 +90,31 @@ def test_unfinished_runs_are_skipped_and_a_clash_writes_nothing(tiny_sweeps, tmp
     with pytest.raises(ValueError):
         archive([src], out)
     assert archive([src], out, force=True)["written"] == [str(victim.parent.relative_to(out))]
+
+
+def test_a_gzip_archive_from_before_xz_reads_the_same_and_re_archives_as_unchanged(
+    tiny_sweeps, tmp_path
+):
+    src = tiny_sweeps["compute"]
+    archive([src], tmp_path / "xz")
+    old = tmp_path / "gz"
+    shutil.copytree(tmp_path / "xz", old)
+    for f in list(old.rglob("*.xz")):  # the layout the archive wrote before: gzip -9
+        rows = lzma.decompress(f.read_bytes())
+        f.with_suffix(".gz").write_bytes(gzip.compress(rows, 9, mtime=0))
+        f.unlink()
+    assert not list(old.rglob("*.xz")) and list(old.rglob("metrics.jsonl.gz"))
+    a, b = load_runs([tmp_path / "xz" / src.name]), load_runs([old / src.name])
+    cols = ["label", "seed", "status", "final", "peak"]
+    pd.testing.assert_frame_equal(
+        a.runs[cols].sort_values(["label", "seed"]).reset_index(drop=True),
+        b.runs[cols].sort_values(["label", "seed"]).reset_index(drop=True),
+    )
+    for run in (old / src.name).rglob("archive.json"):
+        for name in ("metrics.jsonl", "eval_details.jsonl"):
+            xz = tmp_path / "xz" / run.parent.relative_to(old) / name
+            assert read_metrics(run.parent / name) == read_metrics(xz)
+    # Same rows under the old compression: unchanged, nothing rewritten, no clash.
+    again = archive([src], old)
+    assert len(again["unchanged"]) == 4 and not again["written"]
+    assert not list(old.rglob("*.xz"))

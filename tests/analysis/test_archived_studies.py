@@ -1,5 +1,5 @@
 """The committed studies rebuild from the repository alone: ``replay-exp-report`` over the
-archived runs in ``analysis/runs/`` (metrics and per-problem results gzip-compressed,
+archived runs in ``analysis/runs/`` (metrics and per-problem results xz-compressed,
 ``replay_exp/analysis/archive.py``) gives the committed ``analysis/results/<study>/summary.md``,
 number for number. Three studies: a two-sweep report against the on-policy baseline, a
 one-sweep report against a named baseline and a slim three-sweep report with a margin."""
