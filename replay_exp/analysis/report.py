@@ -347,6 +347,45 @@ def sources_title(paths) -> str:
     return ", ".join(f"{k} ({n} run{'s' * (n > 1)})" if n else k for k, n in names.items())
 
 
+def sources_args(paths) -> list[str]:
+    """The report's sources as a shell would be given them: run directories that are siblings
+    (a shell glob over a sweep's runs) become that glob again, unquoted, when it matches exactly
+    them: their common name prefix, cut after its last ``,`` (the ``key=value`` pairs they share)
+    where that still matches exactly (``s/mu=2,seed=40 s/mu=2,seed=41`` -> ``s/mu=2,*``), else
+    whole; anything else is kept as given, shell-quoted. For the "redrawn by" command
+    of a slim report, which otherwise lists every run."""
+    out: list[str] = []
+    groups: list[list[str]] = []
+    for p in map(str, paths):
+        parent = str(Path(p).parent)
+        run = (Path(p) / "config.yaml").is_file()
+        if run and groups and str(Path(groups[-1][0]).parent) == parent:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    for group in groups:
+        glob = _sibling_glob(group) if len(group) > 1 else None
+        out.extend([glob] if glob else map(shlex.quote, group))
+    return out
+
+
+def _sibling_glob(group: list[str]) -> str | None:
+    """``parent/prefix*`` (prefix shell-quoted) matching exactly the run directories ``group``,
+    all children of one parent; None when no prefix does."""
+    parent = Path(group[0]).parent
+    names = [Path(p).name for p in group]
+    if names != sorted(names):  # a shell's glob hands them sorted: the glob would reorder them
+        return None
+    runs = {d.name for d in parent.iterdir() if (d / "config.yaml").is_file()}
+    common = os.path.commonprefix(names)
+    # Run names are "key=value,key=value": the shared whole pairs first (a glob that stays right
+    # when runs of other values are added beside them), else the whole common prefix.
+    for prefix in (common[: common.rfind(",") + 1], common):
+        if prefix and {n for n in runs if n.startswith(prefix)} == set(names):
+            return shlex.quote(os.path.join(os.path.dirname(group[0]), prefix)) + "*"
+    return None
+
+
 def theory_note(mu: float | None) -> str | None:
     """The summary's line about the theory curves a report drew without ``--theory``."""
     if mu is None:
@@ -772,8 +811,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"report error: {e}", file=sys.stderr)
         sys.exit(2)
     if args.slim:
-        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--slim"]
-        command = shlex.join(["replay-exp-report", *map(str, rest)])
+        given = set(args.sweep_dirs)
+        rest = [a for a in (sys.argv[1:] if argv is None else argv)
+                if a != "--slim" and Path(a) not in given]  # fmt: skip
+        command = " ".join(
+            ["replay-exp-report", *sources_args(args.sweep_dirs), *map(shlex.quote, rest)]
+        )
         files = slim(summary, files, args.x, command)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)

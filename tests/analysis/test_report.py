@@ -224,3 +224,36 @@ def test_the_title_names_run_directories_by_their_sweep(tmp_path):
     paths = [tmp_path / "whole", *sorted((tmp_path / "s_onpolicy").iterdir()),
              tmp_path / "s_ctl" / "r"]  # fmt: skip
     assert sources_title(paths) == "whole, s_onpolicy (2 runs), s_ctl (1 run)"
+
+
+def test_the_redrawn_by_command_gives_sibling_runs_back_as_their_glob(tmp_path, monkeypatch):
+    """A slim report's "redrawn by" command: run directories a shell glob handed over become the
+    glob again when it matches exactly them (cut at a ``,`` or ``=`` where that still does);
+    anything else stays listed, quoted."""
+    from replay_exp.analysis.report import sources_args
+
+    monkeypatch.chdir(tmp_path)
+    for r in ["mu=2,seed=40", "mu=2,seed=41", "mu=17.6,seed=40", "mu=17.6,seed=41"]:
+        (tmp_path / "s" / r).mkdir(parents=True)
+        (tmp_path / "s" / r / "config.yaml").write_text("seed: 0\n")
+    (tmp_path / "whole").mkdir()
+    mu2 = ["s/mu=2,seed=40", "s/mu=2,seed=41"]
+    # common prefix "mu=2,seed=4", cut after its last "," -> "mu=2,": exactly these two
+    assert sources_args(["whole", *mu2]) == ["whole", "s/mu=2,*"]
+    # the same where mu=2's are the only runs so far: "t/mu=*" would match them too, but not
+    # once other mu are added beside them
+    shutil.copytree(tmp_path / "s", tmp_path / "t", ignore=shutil.ignore_patterns("mu=17.6*"))
+    assert sources_args([m.replace("s/", "t/") for m in mu2]) == ["t/mu=2,*"]
+    # all four: common prefix "mu=" (no ","), which matches exactly the four
+    assert sources_args(
+        sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "s").iterdir())
+    ) == ["s/mu=*"]
+    # one of mu=17.6's two: no prefix matches only it and a mu=2 run -> listed, quoted
+    odd = ["s/mu=17.6,seed=41", "s/mu=2,seed=40"]
+    assert sources_args(odd) == odd
+    # not in a shell's (sorted) order: a glob would reorder them -> listed
+    assert sources_args(mu2[::-1]) == mu2[::-1]
+    # a name with a space keeps its quotes; "x y/" and a single run: listed as given
+    (tmp_path / "x y" / "r").mkdir(parents=True)
+    (tmp_path / "x y" / "r" / "config.yaml").write_text("seed: 0\n")
+    assert sources_args(["x y/r"]) == ["'x y/r'"]
