@@ -25,6 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from replay_exp.config.naming import in_multirun
+
 log = logging.getLogger("replay_exp")
 
 # The rows a run appends to its directory: metrics (the source of truth) and the per-problem
@@ -220,9 +222,7 @@ def wandb_run_id(run_dir: str | Path) -> str:
 
 def sweep_name(run_dir: str | Path) -> str | None:
     """The sweep's folder (the parent of ``run_dir``) inside a Hydra multirun, else None."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+    if not in_multirun():
         return None
     return Path(run_dir).expanduser().resolve().parent.name
 

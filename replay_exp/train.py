@@ -30,9 +30,10 @@ from replay_exp.checkpoint import (
 from replay_exp.config.composition import expand_model_shorthand
 from replay_exp.config.derive import Derived, resolve
 from replay_exp.config.errors import ConfigError, RunStopped
+from replay_exp.config.naming import in_multirun
 from replay_exp.config.schemas import register_configs
 from replay_exp.loop import build_parts, train
-from replay_exp.rundir import RunLock, RunStart, config_yaml, prepare_run_dir
+from replay_exp.rundir import RunDirBusy, RunLock, RunStart, config_yaml, prepare_run_dir
 from replay_exp.runlog import LOG_FILES
 from replay_exp.runtime.inprocess import InProcess
 from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
@@ -123,15 +124,31 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         with warnings.catch_warnings():  # run() logs skipped snapshots; errors name them
             warnings.simplefilter("ignore", SnapshotWarning)
             start = prepare_run_dir(resolved, derived)
+    except RunDirBusy as e:
+        return _busy(e)
     except (ConfigError, CheckpointError) as e:  # one line, nothing written, no model built
         kind = "config error" if isinstance(e, ConfigError) else "resume error"
         print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(2)
     try:
         return run(resolved, derived, start.run_dir, start)
+    except RunDirBusy as e:  # taken by another process between the check and the lock
+        return _busy(e)
     except (RankFailed, RunStopped) as e:  # runtime=distributed: one line; a snapshot is on disk
         print(f"runtime error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _busy(e: RunDirBusy) -> dict[str, Any]:
+    """A run directory that a live process holds. A single run stops with the one-line config
+    error (exit 2); a job of a multirun says so in one line and returns, so the sweep goes on to
+    its next job: a sweep split over processes by overlapping lists leaves each run to the
+    process that got it first (relaunch the sweep afterwards to resume any that stopped)."""
+    if not in_multirun():
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"skipped, another process runs it: {e}", file=sys.stderr)
+    return {"status": "busy"}
 
 
 def cli() -> None:

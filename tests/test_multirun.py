@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from replay_exp.config.sweep import sweep_status
+from replay_exp.rundir import LOCK_FILE, process_start
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +51,23 @@ def test_sweep_runs_are_named_by_overrides_and_a_relaunch_skips_them(fast, tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("run already finished") == 2
     assert {r.name: (r / "metrics.jsonl").read_bytes() for r in runs} == before
+
+    # A run directory that another live process holds is skipped with one line, and the sweep
+    # goes on to its next job (a sweep split over processes by overlapping lists).
+    seed0 = next(r for r in runs if yaml.safe_load((r / "config.yaml").read_text())["seed"] == 0)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        owner = {"pid": holder.pid, "host": socket.gethostname(),
+                 "start": process_start(holder.pid), "slurm_job_id": None,
+                 "since": "earlier"}  # fmt: skip
+        (seed0 / LOCK_FILE).write_text(json.dumps(owner))
+        split = _multirun([*args[:-3], "seed=0,2", *args[-2:]], tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert split.returncode == 0, split.stderr[-3000:]
+    assert split.stderr.count("skipped, another process runs it: ") == 1
+    assert f"run_dir={seed0} is in use by process {holder.pid}" in split.stderr
+    assert {r.name: (r / "metrics.jsonl").read_bytes() for r in runs} == before
+    assert "[sweep] run 2/2 running (done 1, queued 0)" in split.stdout
+    assert len(sweep_status(tmp_path / "runs" / "demo")["finished"]) == 3  # seed 2 ran

@@ -23,6 +23,13 @@ def unique_stamp() -> str:
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now:%f}-{os.getpid()}"
 
 
+def in_multirun() -> bool:
+    """Whether this process runs a job of a Hydra multirun (``-m``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+
+
 def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
     """The run directory when ``run_dir`` is not given.
 
@@ -38,7 +45,7 @@ def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+    if not in_multirun():
         return f"{output_root}/{unique_stamp()}"
     name = HydraConfig.get().job.override_dirname
     if not re.search(r"(^|,)seed=", name):
