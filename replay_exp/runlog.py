@@ -25,8 +25,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from replay_exp.config.naming import in_multirun
-
 log = logging.getLogger("replay_exp")
 
 # The rows a run appends to its directory: metrics (the source of truth) and the per-problem
@@ -218,6 +216,13 @@ def wandb_run_id(run_dir: str | Path) -> str:
     """A stable W&B run id: a hash of the run directory's absolute path."""
     path = str(Path(run_dir).expanduser().resolve())
     return hashlib.sha1(path.encode()).hexdigest()[:16]
+
+
+def in_multirun() -> bool:
+    """Whether this process runs a job of a Hydra multirun (``-m``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
 
 
 def sweep_name(run_dir: str | Path) -> str | None:

@@ -30,11 +30,10 @@ from replay_exp.checkpoint import (
 from replay_exp.config.composition import expand_model_shorthand
 from replay_exp.config.derive import Derived, resolve
 from replay_exp.config.errors import ConfigError, RunStopped
-from replay_exp.config.naming import in_multirun
 from replay_exp.config.schemas import register_configs
 from replay_exp.loop import build_parts, train
 from replay_exp.rundir import RunDirBusy, RunLock, RunStart, config_yaml, prepare_run_dir
-from replay_exp.runlog import LOG_FILES
+from replay_exp.runlog import LOG_FILES, in_multirun
 from replay_exp.runtime.inprocess import InProcess
 from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
 from replay_exp.runtime.process import set_up_process

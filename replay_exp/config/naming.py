@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 
 from omegaconf import OmegaConf
 
+from replay_exp.runlog import in_multirun
+
 _last_stamp: list[datetime] = []  # the newest stamp handed out in this process
 
 
@@ -21,13 +23,6 @@ def unique_stamp() -> str:
         now = _last_stamp[0] + timedelta(microseconds=1)
     _last_stamp[:] = [now]
     return f"{now:%Y-%m-%d_%H-%M-%S}.{now:%f}-{os.getpid()}"
-
-
-def in_multirun() -> bool:
-    """Whether this process runs a job of a Hydra multirun (``-m``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
 
 
 def default_run_dir(output_root: str, sweep_name: str | None, seed: int) -> str:
