@@ -57,3 +57,42 @@ def test_spearman_and_the_pick_against_the_best():
     exact = next(r for r in score(table, stats) if r["model"] == "exact")
     assert exact["pick"] == "N=512, R=16"
     assert exact["pick_vs_best"].startswith("within: pick - best -0.1000 [-0.2000, +0.0100]")
+
+
+def test_a_tie_goes_to_the_smaller_n_then_the_smaller_y_and_the_pick_is_read_from_the_stats():
+    # (8192, 16) 0.8100 and (8192, 32) 0.8095 lie within 0.1 pt: the rule takes the smaller
+    # reuse ratio y = B / R, i.e. R = 32, although (8192, 16) has the higher mean; (512, 16)
+    # 0.71 is out of the tie. Both models pick (8192, 16) (test above), now not the best.
+    t = runs()
+    t.loc[t["derived.rollouts_per_step"] == 32, "final"] = 0.8095
+    table = predict(cell_scores(t, [0, 1], {"algo.lr": "3e-05"}), 64, 6.84, rho, 0.0, {})
+    stats = pd.DataFrame([{"label": "N=8192, R=16", "final": 0.0005, "final_lo": -0.008,
+                           "final_hi": 0.009}])  # fmt: skip
+    exact = next(r for r in score(table, stats) if r["model"] == "exact")
+    assert (exact["best"], exact["pick"]) == ("N=8192, R=32", "N=8192, R=16")
+    assert exact["pick_vs_best"].startswith("within: pick - best +0.0005")
+    # With no tie band, the highest mean is the best and the pick is the best itself.
+    exact = next(r for r in score(table, None, tie=0.0) if r["model"] == "exact")
+    assert exact["best"] == exact["pick"] == "N=8192, R=16"
+    # A pick the stats do not hold (a report on other runs) is one clear line, not an IndexError.
+    with pytest.raises(SystemExit, match="no row labelled 'N=8192, R=16'"):
+        score(table, stats.assign(label="N=8192, R=16, mu=17.6"))
+
+
+def test_where_relabels_the_cells_as_a_report_on_those_runs():
+    # Two mu in the loaded sweeps: their labels carry the mu; with --where compute.mu=17.6 only
+    # N and y vary, as in a report made on the mu = 17.6 runs alone.
+    rows = []
+    for mu in (2.0, 17.6):
+        for N, y in [(8192, 4), (32768, 4)]:
+            rows.append({"label": f"N={N}, y={y}, mu={mu:g}", "seed": 0, "status": "finished",
+                         "final": 0.8, "derived.capacity": N, "derived.rollouts_per_step": 16,
+                         "buffer.name": "fifo", "buffer.capacity": N,
+                         "schedule.reuse_ratio": y, "compute.mu": mu})  # fmt: skip
+    keys = ["buffer.capacity", "compute.mu"]
+    cells = cell_scores(pd.DataFrame(rows), [0], {"compute.mu": "17.6"}, keys)
+    assert list(cells["label"]) == ["N=8192", "N=32768"]
+    assert list(cell_scores(pd.DataFrame(rows), [0], {"compute.mu": "17.6"})["label"]) == [
+        "N=8192, y=4, mu=17.6", "N=32768, y=4, mu=17.6"]  # fmt: skip
+    with pytest.raises(SystemExit, match="no config key algo.lr"):
+        cell_scores(pd.DataFrame(rows), [0], {"algo.lr": "3e-05"}, keys)
