@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 from pathlib import Path
@@ -21,22 +22,34 @@ OPENR1 = Path(__file__).parent / "fixtures" / "math" / "openr1.parquet"
 FILES = sorted(p for p in SWEEPS.glob("*.yaml") if not p.name.startswith("_"))
 
 
-def _compose(overrides: list[str]):
+@functools.cache
+def _composed(overrides: tuple[str, ...]):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides=overrides, return_hydra_config=True)
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=True)
 
 
-def _jobs(name: str) -> list[list[str]]:
-    """The override lists of every job of sweep ``name``, as Hydra's basic sweeper expands its
-    ``hydra.sweeper.params`` (its own parser and cartesian product)."""
+def _compose(overrides: list[str]):
+    """Hydra's composition of ``train`` with ``overrides``: each distinct list is composed once
+    per test process (the same sweep's base config served ~8 tests) and handed out as a copy."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+@functools.cache
+def _sweep_jobs(name: str) -> tuple[tuple[str, ...], ...]:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = _compose([f"+sweep={name}"]).hydra.sweeper.params
     overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
     (batch,) = BasicSweeper.split_arguments(overrides, max_batch_size=None)
-    return batch
+    return tuple(tuple(job) for job in batch)
+
+
+def _jobs(name: str) -> list[list[str]]:
+    """The override lists of every job of sweep ``name``, as Hydra's basic sweeper expands its
+    ``hydra.sweeper.params`` (its own parser and cartesian product)."""
+    return [list(job) for job in _sweep_jobs(name)]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
