@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,25 @@ def tiny_qwen3_hub_dir(tmp_path_factory):
     from replay_exp.models.tiny_hub import save_tiny_hub_model
 
     return save_tiny_hub_model(tmp_path_factory.mktemp("tiny_hub") / "tiny-qwen3", arch="qwen3")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_when_marked(request, tmp_path_factory):
+    """Under ``pytest -n 2`` (xdist), a test marked ``quiet`` runs while no other test does:
+    every test holds a shared lock on one file of the session's temporary root for its
+    duration, a ``quiet`` one an exclusive lock, so it waits for the other worker's running test
+    and the other worker waits for it. For the few tests that bound a wall-clock duration (a
+    modelled generator's charge against its real calls): a busy second core breaks their
+    premise, not the code. Without xdist there is nothing to wait for."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    # each worker's basetemp is <session root>/popen-gw<N>: the root is shared by the workers
+    lock_path = tmp_path_factory.getbasetemp().parent / "quiet.lock"
+    quiet = request.node.get_closest_marker("quiet") is not None
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

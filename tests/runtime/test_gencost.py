@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,9 @@ import pytest
 
 from replay_exp.compute.gencost import ModelledCost
 from replay_exp.compute.lengthmodel import BLOCK, expected_max, longest, quantile_level
+from replay_exp.config.composition import compose
+from replay_exp.config.derive import resolve
+from replay_exp.config.errors import ConfigError
 
 
 def test_expected_max_of_two_lengths_is_the_closed_form():
@@ -120,6 +124,7 @@ def test_a_modelled_run_charges_the_model_for_every_call(fast, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
     """load_cost = 5 trained samples at a fixed 0.02 s each: every take of weights (the
     newest of the pushes waiting, loaded once) lasts 5 x 0.02 = 0.1 s in all (the real load,
@@ -135,23 +140,32 @@ def test_a_modelled_weight_load_pauses_the_generator(fast, tmp_path):
     assert 0.1 * loads <= gen["weight_load_seconds"] <= 0.15 * loads
 
 
+BAD_SETTINGS = [
+    ("runtime.generation_cost=gpu", "runtime.generation_cost=gpu is unknown"),
+    ("runtime.cost_model.length_sigma=-1", "runtime.cost_model.length_sigma=-1"),
+    ("runtime.cost_model.reference_s_per_sample=0", "reference_s_per_sample"),
+    ("runtime.cost_model.load_cost=-1", "runtime.cost_model.load_cost=-1 must be >= 0"),
+    ("runtime.cost_model.load_cost=8", "needs runtime.generation_cost=modelled"),
+]
+NODE = [
+    "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+    "schedule.trainers=1",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_SETTINGS)
+def test_bad_cost_model_settings_fail_at_resolve(fast, override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve(compose([*fast, *NODE, override]))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("runtime.generation_cost=gpu", "runtime.generation_cost=gpu is unknown"),
-        ("runtime.cost_model.length_sigma=-1", "runtime.cost_model.length_sigma=-1"),
-        ("runtime.cost_model.reference_s_per_sample=0", "reference_s_per_sample"),
-        ("runtime.cost_model.load_cost=-1", "runtime.cost_model.load_cost=-1 must be >= 0"),
-        ("runtime.cost_model.load_cost=8", "needs runtime.generation_cost=modelled"),
-    ],
-)
-def test_bad_cost_model_settings_fail_at_resolve(fast, tmp_path, override, message):
-    cmd = [
-        sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={tmp_path / 'run'}",
-        "runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
-        "schedule.trainers=1", override,
-    ]  # fmt: skip
+def test_a_bad_cost_model_setting_stops_the_command_before_it_writes(fast, tmp_path):
+    """The command line gives the same one line and writes nothing (the other settings are
+    refused by the same resolve(), above, in process)."""
+    override, message = BAD_SETTINGS[-1]
+    cmd = [sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={tmp_path / 'run'}", *NODE,
+           override]  # fmt: skip
     run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
     assert message in run.stderr
@@ -159,6 +173,7 @@ def test_bad_cost_model_settings_fail_at_resolve(fast, tmp_path, override, messa
 
 
 @pytest.mark.slow
+@pytest.mark.quiet
 def test_a_modelled_run_on_the_trainers_measured_cost_charges_the_units_at_the_last_t(
     fast, tmp_path
 ):
