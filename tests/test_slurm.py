@@ -33,7 +33,9 @@ import pytest
 
 from replay_exp.runlog import read_metrics
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# xdist_group: under `pytest -n 2 --dist loadgroup` these run in one worker, one after another
+# (the one-node cluster has two CPUs, and each test checks that they are idle).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 # Sweeps run with cwd=tmp_path: Hydra writes multirun.yaml into hydra.sweep.dir, which is ".".
 
