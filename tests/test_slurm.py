@@ -33,9 +33,7 @@ import pytest
 
 from replay_exp.runlog import read_metrics
 
-# xdist_group: under `pytest -n 2 --dist loadgroup` these run in one worker, one after another
-# (the one-node cluster has two CPUs, and each test checks that they are idle).
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Sweeps run with cwd=tmp_path: Hydra writes multirun.yaml into hydra.sweep.dir, which is ".".
 
