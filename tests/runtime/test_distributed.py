@@ -119,14 +119,17 @@ def test_real_run_on_cuda_reduces_over_nccl(fast, tmp_path):
 def test_engine_logprobs_are_checked_against_the_pushed_weights(fast, tmp_path):
     """generation.store_trainer_logp=true: every batch's behaviour log-probs are compared with
     a forward of the generator's copy of the pushed weights. Under hf the engine *is* that
-    copy, so the gap is rounding only (the cached decode against one full forward: < 1e-5)."""
+    copy, so the gap is rounding only (the cached decode against one full forward: < 1e-4; a
+    push that did not land moves log-probs by far more). Which batches meet which weights
+    depends on the ranks' timing, and so does the rounding: 3.7e-5 was seen once with the other
+    core busy (2026-12-06), under the 1e-5 this test held before."""
     run_dir = tmp_path / "run"
     run = _run(_command(fast, run_dir, 1, "generation.store_trainer_logp=true"), tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     (gen,) = _check_finished(run_dir, 1)["runtime"]["generators"]
     assert gen["engine_checks"] == gen["batches"] > 0
     assert gen["engine_versions_checked"] >= 2  # batches after a push were checked too
-    assert 0 <= gen["engine_logp_absdiff_mean"] <= gen["engine_logp_absdiff_max"] < 1e-5
+    assert 0 <= gen["engine_logp_absdiff_mean"] <= gen["engine_logp_absdiff_max"] < 1e-4
 
 
 def _wait_for(pred, proc, what: str, timeout: float = 300) -> None:
