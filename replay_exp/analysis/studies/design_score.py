@@ -13,10 +13,10 @@ another (the header's convention for "never evict"). The score of each model:
   (two-sided), which two selection seeds make a weak test;
 - **its top pick's paired final difference to the measured best** (the sweeps' rule: the
   highest mean; a tie within ``--tie``, 0.1 pt, goes to the smaller N, then the smaller reuse
-  ratio y = B / R, i.e. the larger R),
-  read from a report run with ``--baseline <the best's label>`` (``--stats`` its stats.csv):
-  "within" when the 95 % interval contains 0. Without ``--stats`` the command to make it is
-  printed. With ``--where`` the labels are those of a report on the matching runs alone.
+  ratio y = B / R, i.e. the larger R), read from a report run with ``--baseline <the best's
+  label>`` (``--stats`` its stats.csv): "within" when the 95 % interval contains 0. Without
+  ``--stats`` the command to make it is printed. With ``--where`` the labels are those of a
+  report on the matching runs alone.
 
 ``python -m replay_exp.analysis.studies.design_score analysis/runs/finding1_bracket_tiny
 --seeds 0 1 --score-as 262144:131072 --where algo.lr=3e-05 --out
@@ -47,8 +47,8 @@ def cell_scores(
 ) -> pd.DataFrame:
     """One row per (N, R) of the runs matching ``where`` (config key -> value, as text): label,
     mean final over ``seeds``, seeds finished. With ``keys`` (the loaded sweeps' varying config
-    keys) the labels are rebuilt from the keys that still vary among the matching runs, so they
-    read as a report on those runs alone labels them (``--where compute.mu=17.6`` drops the mu
+    keys) the labels are rebuilt from the keys that still vary among the matching runs, as a
+    report on those runs alone labels them (``--where compute.mu=17.6`` drops the mu
     from "N=32768, y=4, mu=17.6")."""
     done = runs[(runs["status"] == "finished") & runs["seed"].isin(seeds)]
     for key, value in where.items():
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         "--tie",
         type=float,
         default=1e-3,
-        help="the best: the highest mean; within this of it, the smaller N, then R",
+        help="the best: the highest mean; within this of it, the smaller N, then the smaller y",
     )
     p.add_argument("--metric", default="eval/pass@1")
     p.add_argument("--out", type=Path, required=True)
