@@ -54,9 +54,11 @@ from replay_exp.models.build import BuiltPolicy, build_evaluator, build_policy
 from replay_exp.models.precision import DTYPES
 from replay_exp.runlog import (
     MetricsWriter,
+    code_provenance,
     format_eval,
     make_logger,
     prefixed,
+    read_provenance,
     update_metrics,
     write_telemetry,
 )
@@ -407,6 +409,8 @@ def finish(cfg, d, run_dir, p: Parts, rt: Runtime, stopped_at, first_eval, last_
             # each generator process's counters (runtime/generator.py; [] in one process)
             "generators": ended["generators"],
         },
+        # the code of each start and resume (config.yaml's records; runlog.code_provenance)
+        "provenance": read_provenance(run_dir) or [code_provenance()],
     }
     p.logger.close(summary)
     p.details_log.close()

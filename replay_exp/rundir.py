@@ -30,12 +30,16 @@ from replay_exp.checkpoint import (
 )
 from replay_exp.config.derive import Derived
 from replay_exp.config.errors import ConfigError
+from replay_exp.runlog import code_provenance, read_provenance
 
 # Keys that may differ between a run and its resume: they change neither what is computed nor
 # what is logged (threads and logger.log_every do, so they must match).
 COSMETIC_KEYS = ("run_dir", "output_root", "logger.progress", "checkpoint.every", "checkpoint.keep")
 # Taken from the machine when threads / device are left to auto: a change only warns.
 MACHINE_KEYS = ("derived.threads", "derived.device")
+# What config.yaml records beside the config (record_provenance): never compared, so a resume
+# with other code (a new commit, other package versions) is a resume, its own record added.
+RECORD_KEYS = ("provenance",)
 
 
 @dataclasses.dataclass
@@ -54,7 +58,8 @@ def prepare_run_dir(cfg: DictConfig, derived: Derived, run_dir: Path | None = No
 
     - neither config.yaml, metrics.jsonl nor a snapshot: a fresh run;
     - summary.json says ``status: finished``: nothing to do (``finished``);
-    - config.yaml differs from ``cfg`` outside ``COSMETIC_KEYS``: ConfigError naming the keys;
+    - config.yaml differs from ``cfg`` outside ``COSMETIC_KEYS`` (its ``provenance`` records,
+      :func:`record_provenance`, are not compared): ConfigError naming the keys;
     - a good snapshot: resume from the newest; corrupt ones are skipped with a warning, and
       snapshots that are all bad raise CheckpointError naming the files;
     - no snapshot: a fresh run if metrics.jsonl holds nothing past the initial eval (the run
@@ -75,7 +80,8 @@ def prepare_run_dir(cfg: DictConfig, derived: Derived, run_dir: Path | None = No
         return start
     here = OmegaConf.to_container(OmegaConf.create(config_yaml(cfg, derived)))
     there = _read_config(cfg_path)
-    diffs = [] if there is None else config_differences(there, here, COSMETIC_KEYS + MACHINE_KEYS)
+    ignored = COSMETIC_KEYS + MACHINE_KEYS + RECORD_KEYS
+    diffs = [] if there is None else config_differences(there, here, ignored)
     summary = _finished_summary(run_dir / "summary.json")
     if summary is not None:
         start.finished = summary
@@ -125,6 +131,34 @@ def config_yaml(cfg: DictConfig, derived: Derived) -> str:
     saved = OmegaConf.to_container(cfg)
     saved["derived"] = dataclasses.asdict(derived)
     return OmegaConf.to_yaml(saved)
+
+
+def record_provenance(run_dir: Path, step: int) -> list[str]:
+    """Add this start's (``step`` 0) or resume's (``step``: its snapshot's) record of the code
+    (``runlog.code_provenance``: commit, dirty, package versions) to the ``provenance:`` list
+    that ends ``run_dir/config.yaml``, rewritten atomically with its file time kept (the time a
+    run started: ``replay_exp.analysis.archive``). Returns a one-line note when the code differs
+    from the previous record's (a resume after a new commit, or of a dirty tree)."""
+    path = run_dir / "config.yaml"
+    text, stat = path.read_text(), path.stat()
+    records = read_provenance(run_dir)
+    this = {"step": step, "started": time.strftime("%Y-%m-%d %H:%M:%S"), **code_provenance()}
+    head, sep, _ = text.rpartition("\nprovenance:\n")  # always the last key (written here)
+    body = yaml.safe_dump({"provenance": [*records, this]}, sort_keys=False)
+    atomic_write_text(path, (head if sep else text.rstrip("\n")) + "\n" + body)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    notes = [] if this["commit"] is not None else [f"{this['git']} (config.yaml: provenance)"]
+    if records and _code(records[-1]) != _code(this):
+        notes.append(
+            f"this resume runs commit {_code(this)}, the run's previous part {_code(records[-1])}:"
+            " its steps come from more than one version of the code (config.yaml: provenance)"
+        )
+    return notes
+
+
+def _code(record: dict[str, Any]) -> str:
+    commit = record.get("commit") or "unknown"
+    return commit[:12] + (" (dirty)" if record.get("dirty") else "")
 
 
 def _read_config(path: Path) -> dict | None:

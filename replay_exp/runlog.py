@@ -9,11 +9,17 @@ mid-write leaves at most one truncated last line; :func:`read_metrics` skips suc
 warning instead of failing. It also reads an archived run's compressed copy (``metrics.jsonl.xz``,
 ``eval_details.jsonl.xz``: :mod:`replay_exp.analysis.archive`; ``.gz`` in archives written before
 it moved to xz) where the plain file is absent (:func:`jsonl_file`).
+
+Every run records the code that made it (:func:`code_provenance`): the git commit of the
+package's checkout and whether the tree was dirty (null, with the reason, outside a checkout),
+and the versions of Python and the main packages. ``replay_exp.rundir.record_provenance`` adds
+one record per start or resume to config.yaml; summary.json and the W&B run carry them too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import hashlib
 import json
@@ -21,9 +27,13 @@ import logging
 import lzma
 import math
 import os
+import platform
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 log = logging.getLogger("replay_exp")
 
@@ -138,6 +148,9 @@ class WandbLogger(JsonlLogger):
             import wandb
 
             self._wandb = wandb
+            # this start's (or resume's) record of the code: provenance.commit, .dirty, ...
+            recorded = read_provenance(run_dir)
+            config = {**config, "provenance": recorded[-1] if recorded else code_provenance()}
             self.run = wandb.init(
                 project=cfg.project,
                 entity=cfg.entity,
@@ -275,3 +288,91 @@ def write_telemetry(run_dir: str | Path, step: int, telemetry: dict, logger=None
     atomic_write_text(Path(run_dir) / "buffer_telemetry.json", json.dumps(payload))
     if logger is not None:
         logger.log_histograms(step, telemetry)
+
+
+# ---------------------------------------------------------------------------------------------
+# Provenance: the code that made a run (config.yaml, summary.json and W&B record it).
+# ---------------------------------------------------------------------------------------------
+
+# The distributions whose versions every run records (null where one is missing), then the
+# optional ones, recorded only where installed.
+VERSIONED = ("replay-exp", "torch", "transformers", "tokenizers", "hydra-core", "omegaconf",
+             "numpy")  # fmt: skip
+VERSIONED_IF_INSTALLED = ("vllm", "reasoning-gym", "gguf", "accelerate")
+GIT_TIMEOUT_S = 10.0
+
+
+def _git(where: Path, *args: str) -> str:
+    """The stdout of ``git -C where args...``; RuntimeError with one line when git fails, is
+    missing or takes longer than ``GIT_TIMEOUT_S``. Never takes the index lock (a status that
+    refreshes the index could race a commit in the same checkout)."""
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), *args],
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, env=env, check=False,
+        )  # fmt: skip
+    except FileNotFoundError:
+        raise RuntimeError("git not found") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"git {args[0]} took over {GIT_TIMEOUT_S:g} s") from None
+    except OSError as e:
+        raise RuntimeError(f"git could not run: {e}") from None
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[0]
+        raise RuntimeError(f"git {args[0]}: {first}")
+    return out.stdout
+
+
+def git_state(where: str | Path) -> dict[str, Any]:
+    """``{"commit", "dirty"}`` of the git checkout that tracks the directory ``where``: HEAD's
+    hash, and whether ``git status --porcelain`` lists anything (a modified, staged, deleted or
+    untracked file anywhere in the checkout). Where ``where`` is no tracked part of a checkout
+    (an installed wheel, even one inside a repository's ignored ``.venv``), or git is missing or
+    fails: both None and ``"git"`` says why. Never raises."""
+    where = Path(where)
+    try:
+        commit = _git(where, "rev-parse", "--verify", "HEAD").strip()
+        if not _git(where, "ls-files", "--", ".").strip():
+            raise RuntimeError(f"{where} is not tracked by the git checkout around it")
+        dirty = bool(_git(where, "status", "--porcelain").strip())
+    except RuntimeError as e:
+        return {"commit": None, "dirty": None, "git": f"no commit recorded: {e}"}
+    return {"commit": commit, "dirty": dirty}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Python's version and the installed versions of :data:`VERSIONED` (None: not installed)
+    and of those of :data:`VERSIONED_IF_INSTALLED` that are, by their distribution metadata
+    (nothing is imported)."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    out.update({name: version(name) for name in VERSIONED})
+    out.update({n: v for n in VERSIONED_IF_INSTALLED if (v := version(n)) is not None})
+    return out
+
+
+@functools.cache
+def code_provenance() -> dict[str, Any]:
+    """The code this process runs: :func:`git_state` of the package's source directory and
+    :func:`package_versions`. Taken once per process (the code a process imported does not
+    change under it; a later edit of the checkout is not what it runs)."""
+    return {**git_state(Path(__file__).resolve().parent), "versions": package_versions()}
+
+
+def read_provenance(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The provenance records of ``run_dir``'s config.yaml (``provenance:``, one per start or
+    resume, oldest first; ``replay_exp.rundir.record_provenance``), [] if it has none."""
+    try:
+        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    records = saved.get("provenance") if isinstance(saved, dict) else None
+    return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []

@@ -32,7 +32,14 @@ from replay_exp.config.derive import Derived, resolve
 from replay_exp.config.errors import ConfigError, RunStopped
 from replay_exp.config.schemas import register_configs
 from replay_exp.loop import build_parts, train
-from replay_exp.rundir import RunDirBusy, RunLock, RunStart, config_yaml, prepare_run_dir
+from replay_exp.rundir import (
+    RunDirBusy,
+    RunLock,
+    RunStart,
+    config_yaml,
+    prepare_run_dir,
+    record_provenance,
+)
 from replay_exp.runlog import LOG_FILES, in_multirun
 from replay_exp.runtime.inprocess import InProcess
 from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
@@ -93,6 +100,9 @@ def _run_locked(
             start.snapshot.step,
             dropped,
         )
+    # the code of this start or resume, added to config.yaml's provenance (summary.json, W&B)
+    for note in record_provenance(run_dir, 0 if start.snapshot is None else start.snapshot.step):
+        log.warning(note)
     log.info(
         "B=%d R=%.4g (y=B/R=%.3g) N=%d (x=N/R=%.3g) steps=%d",
         cfg.schedule.batch_size,

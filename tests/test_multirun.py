@@ -12,6 +12,7 @@ import yaml
 
 from replay_exp.config.sweep import sweep_status
 from replay_exp.rundir import LOCK_FILE, process_start
+from replay_exp.runlog import read_provenance
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,12 @@ def test_sweep_runs_are_named_by_overrides_and_a_relaunch_skips_them(fast, tmp_p
     seeds = {yaml.safe_load((r / "config.yaml").read_text())["seed"] for r in runs}
     assert seeds == {0, 1}
     for r in runs:
-        assert json.loads((r / "summary.json").read_text())["status"] == "finished"
+        summary = json.loads((r / "summary.json").read_text())
+        assert summary["status"] == "finished"
+        # each job records the code that made it (config.yaml, summary.json)
+        (record,) = read_provenance(r)
+        assert record["step"] == 0 and "commit" in record and record["versions"]["torch"]
+        assert summary["provenance"] == [record]
     before = {r.name: (r / "metrics.jsonl").read_bytes() for r in runs}
     assert (tmp_path / "runs" / "demo" / "multirun.yaml").is_file()  # Hydra's sweep record
     assert {p.name for p in tmp_path.iterdir()} == {"runs", "cache"}  # nothing else in the cwd

@@ -1,7 +1,8 @@
 """logger=wandb: a 2-step run writes an offline W&B run holding the same metrics as
-metrics.jsonl, the config as dotted keys and the buffer histograms (read back through W&B's own
-reader, ``wandb leet inspect --json``); the analysis reads such a run from its metrics.jsonl and
-a W&B project through the public API; a failing W&B never stops training."""
+metrics.jsonl, the config as dotted keys (the code's provenance too) and the buffer histograms
+(read back through W&B's own reader, ``wandb leet inspect --json``); the analysis reads such a
+run from its metrics.jsonl and a W&B project through the public API; a failing W&B never stops
+training."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from replay_exp.analysis import from_records, load_runs
 from replay_exp.analysis.wandb_runs import wandb_records
 from replay_exp.config.composition import compose
 from replay_exp.config.derive import resolve
-from replay_exp.runlog import read_metrics, wandb_run_id
+from replay_exp.runlog import read_metrics, read_provenance, wandb_run_id
 from replay_exp.train import run
 
 pytestmark = pytest.mark.slow
@@ -99,6 +100,12 @@ def test_wandb_offline_run_mirrors_metrics(fast, tmp_path, offline):
     assert config["buffer.capacity"] == 32 and config["logger.wandb.tags"] == ["test"]
     assert config["derived.capacity"] == 32 and config["derived.total_steps"] == 2
     assert wb_summary["status"] == "finished"
+    # The code that made the run (config.yaml's record of this start), as flat keys too.
+    (record,) = read_provenance(run_dir)
+    assert config["provenance.commit"] == record["commit"]
+    assert config["provenance.dirty"] == record["dirty"] and config["provenance.step"] == 0
+    assert config["provenance.versions.torch"] == record["versions"]["torch"]
+    assert wb_summary["provenance"] == [record]  # summary.json's list
 
     # The analysis reads the run from its metrics.jsonl: one run (the wandb/ folder inside is
     # not a run of its own), with its config.

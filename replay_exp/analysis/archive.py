@@ -10,7 +10,7 @@ training steps. Its archived copy keeps
   xz-compressed as ``metrics.jsonl.xz``;
 - ``eval_details.jsonl`` whole (per-problem results: the problem-level bootstrap), compressed as
   ``eval_details.jsonl.xz``, and ``config.yaml``, ``summary.json``, ``buffer_telemetry.json`` as
-  they are;
+  they are (so the copy keeps the code that made the run: their ``provenance`` records);
 - ``final_passk.json`` when the run has one (``python -m replay_exp.eval.final``);
 - ``archive.json``: how many rows the source had and how many were kept, and when the run
   started and finished (the source's ``config.yaml`` and ``summary.json`` file times, which

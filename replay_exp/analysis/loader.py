@@ -13,6 +13,10 @@ directories) and returns :class:`Runs`:
 - ``runs``: one row per run: config columns, status, last step, final and peak values of the
   main metric, the x at which the peak happened, and the initial value.
 
+Both tables also carry the code that made each run (config.yaml's ``provenance``:
+:func:`run_code`): ``commit`` (None where the run records none) and ``dirty`` (uncommitted
+changes in the tree); ``replay-exp-report`` warns when they are not one clean commit.
+
 Partial runs load with a warning, never an error: a truncated last line of metrics.jsonl is
 skipped, a missing config.yaml is replaced by the overrides spelled in the directory name
 (``key=value,...,seed=S``), a run without summary.json is ``status="unfinished"`` (still going,
@@ -56,7 +60,7 @@ IGNORED_PREFIXES = ("logger.", "checkpoint.", "hydra.")
 # Skipped when looking for run directories below a root.
 _NOT_RUNS = {"checkpoints", "final_model", "wandb", "report", ".hydra"}
 
-META_COLUMNS = ("run", "config", "label", "seed", "status", "run_dir")
+META_COLUMNS = ("run", "config", "label", "seed", "status", "commit", "dirty", "run_dir")
 
 
 @dataclass
@@ -121,9 +125,13 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     if jsonl_file(run_dir / "metrics.jsonl") is not None:  # or its .xz: an archived run
         rows = read_metrics(run_dir / "metrics.jsonl")
     try:
-        finished = json.loads((run_dir / "summary.json").read_text()).get("status") == "finished"
+        summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
-        finished = False
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
+    finished = summary.get("status") == "finished"
+    if "provenance" not in config and isinstance(summary.get("provenance"), list):
+        config["provenance"] = summary["provenance"]  # config.yaml lost: summary.json's copy
     status = "finished" if finished else "unfinished" if rows else "empty"
     if status == "empty":
         warnings.warn(f"{run_dir}: no metrics logged yet", stacklevel=2)
@@ -199,7 +207,9 @@ def from_records(
 ) -> Runs:
     """Build :class:`Runs` from ``(run id, location, flat config, metric rows, status)`` records:
     the common path of run directories and of W&B runs."""
-    configs = [_plain(cfg) for _, _, cfg, _, _ in records]
+    codes = [run_code(cfg) for _, _, cfg, _, _ in records]
+    configs = [_plain({k: v for k, v in cfg.items() if not _is_provenance(k)})
+               for _, _, cfg, _, _ in records]  # fmt: skip
     keys = varying_keys(configs)
     names = [",".join(f"{k}={cfg.get(k)}" for k in keys) or "all" for cfg in configs]
     per_run, step_frames = [], []
@@ -211,6 +221,8 @@ def from_records(
             "label": config_label(cfg, keys),
             "seed": cfg.get("seed"),
             "status": status,
+            "commit": codes[i][0],
+            "dirty": codes[i][1],
             "run_dir": str(where),
         }
         # meta wins: run_dir is where the run was found, not the one its config names (an
@@ -235,6 +247,28 @@ def from_records(
         steps = _sorted(steps, rank, extra=["step"])
     runs = runs.merge(run_summary(steps, metric, x), on="run", how="left")
     return Runs(steps=steps, runs=runs, config_keys=keys)
+
+
+def run_code(config: dict[str, Any]) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of a run from its flat config: config.yaml's ``provenance`` records (one
+    per start or resume; ``replay_exp.rundir.record_provenance``) or a W&B run's
+    ``provenance.commit`` / ``provenance.dirty``. ``commit``: the commit, or the distinct ones
+    joined by ``+`` when parts of the run came from different commits; None when none is known
+    (a run from before the record, or from outside a git checkout). ``dirty``: whether any part
+    ran on a tree with uncommitted changes; None when unknown."""
+    records = config.get("provenance")
+    if not isinstance(records, list):
+        records = [{"commit": config.get("provenance.commit"),
+                    "dirty": config.get("provenance.dirty")}]  # fmt: skip
+    records = [r for r in records if isinstance(r, dict)]
+    commits = list(dict.fromkeys(r["commit"] for r in records if r.get("commit")))
+    flags = [r.get("dirty") for r in records if r.get("commit")]
+    dirty = True if any(flags) else False if flags and len(flags) == len(records) else None
+    return ("+".join(commits) or None), dirty
+
+
+def _is_provenance(key: str) -> bool:
+    return key == "provenance" or key.startswith("provenance.")
 
 
 def _one_per_seed(records: Sequence[tuple], names: list[str], configs: list[dict]) -> list[int]:

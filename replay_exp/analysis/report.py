@@ -207,6 +207,9 @@ def make_report(
     if best_over_key is not None:
         runs = best_over(runs, best_over_key, metric, x)
     steps = runs.steps
+    mixed = code_warning(runs)
+    if mixed is not None:  # also the summary's first line; the command prints it as a warning
+        warnings.warn(mixed, stacklevel=2)
     out = Path(out) if out is not None else Path(paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
     base = baseline_label(runs, metric, x) if reference is None else pick_label(runs, reference)
@@ -404,6 +407,9 @@ def _markdown(
     seeds = runs.runs.groupby("config").size()
     with_stats = stats is not None and len(stats) > 0
     lines = [f"# Report: {sources_title(paths)}", ""]
+    mixed = code_warning(runs)
+    if mixed is not None:
+        lines += [f"**Warning: {mixed}**", ""]
     if seeds.min() < MIN_SEEDS:
         few = ", ".join(
             f"{runs.runs.loc[runs.runs['config'] == c, 'label'].iloc[0]} ({k})"
@@ -485,6 +491,37 @@ def _markdown(
     lines += [f"- [{p.name}]({Path(os.path.relpath(p, out)).as_posix()})" for p in written]
     lines += [f"- {note}"] if note else []
     return "\n".join(lines) + "\n"
+
+
+def code_warning(runs: Runs) -> str | None:
+    """One line when the runs do not all come from one clean commit (the loader's ``commit``
+    and ``dirty`` columns, from each run's config.yaml ``provenance``): the commits with how
+    many runs each (a run resumed on another commit counts for both; "unrecorded": a run that
+    records none), and how many ran on a dirty tree. None when every run records the same
+    clean commit, or when none records any (runs from before the record)."""
+    table = runs.runs
+    if "commit" not in table:
+        return None
+    counts: dict[str, int] = {}
+    for commit in table["commit"]:
+        for c in commit.split("+") if isinstance(commit, str) and commit else ["unrecorded"]:
+            counts[c] = counts.get(c, 0) + 1
+    dirty = int(table["dirty"].eq(True).sum()) if "dirty" in table else 0
+    if list(counts) == ["unrecorded"] or (len(counts) == 1 and not dirty):
+        return None
+
+    def n_runs(n: int) -> str:
+        return f"{n} run{'' if n == 1 else 's'}"
+
+    ranked = sorted(counts.items(), key=lambda cn: -cn[1])  # stable: first seen first
+    named = ", ".join(f"{c[:12]} ({n_runs(n)})" for c, n in ranked)
+    if len(counts) > 1:
+        text = f"these {n_runs(len(table))} do not come from one commit: {named}"
+    else:
+        text = f"these {n_runs(len(table))} come from commit {ranked[0][0][:12]}"
+    if dirty:
+        text += f"; {n_runs(dirty)} ran on a tree with uncommitted changes (dirty)"
+    return text + ", so their results may come from different code (config.yaml: provenance)"
 
 
 def sweep_wall_seconds(runs: Runs) -> float | None:

@@ -12,6 +12,7 @@ import shutil
 
 import pandas as pd
 import pytest
+import yaml
 
 from replay_exp.analysis.archive import archive, main
 from replay_exp.analysis.loader import load_runs
@@ -28,7 +29,7 @@ def test_an_archived_sweep_gives_the_sources_finals_peaks_and_intervals(tiny_swe
     assert len(done["written"]) == 4 and not done["skipped"]
     copy = tmp_path / "archive" / src.name
     a, b = load_runs([src]), load_runs([copy])
-    cols = ["label", "seed", "status", "last_step", "initial", "final", "peak"]
+    cols = ["label", "seed", "status", "commit", "dirty", "last_step", "initial", "final", "peak"]
     cols += [c for c in a.runs if c.endswith(("_at_peak", "_to_target"))]
     key = ["label", "seed"]
     pd.testing.assert_frame_equal(
@@ -118,3 +119,28 @@ def test_a_gzip_archive_from_before_xz_reads_the_same_and_re_archives_as_unchang
     again = archive([src], old)
     assert len(again["unchanged"]) == 4 and not again["written"]
     assert not list(old.rglob("*.xz"))
+
+
+def test_an_archived_run_keeps_the_code_that_made_it(tmp_path):
+    """config.yaml's and summary.json's provenance records (commit, dirty, versions; one per
+    start or resume) come through the archive as they are, and the loader reads them there."""
+    records = [
+        {"step": 0, "started": "2026-12-06 12:00:00", "commit": "a" * 40, "dirty": False,
+         "versions": {"python": "3.11.7", "torch": "2.13.0+cpu"}},
+        {"step": 4, "started": "2026-12-06 13:00:00", "commit": "b" * 40, "dirty": True,
+         "versions": {"python": "3.11.7", "torch": "2.13.0+cpu"}},
+    ]  # fmt: skip
+    run = tmp_path / "sweep" / "seed=0"
+    run.mkdir(parents=True)
+    config = {"buffer": {"name": "fifo"}, "seed": 0, "provenance": records}
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    rows = [{"step": s, "compute/paper_units": s, "eval/pass@1": 0.1 * s} for s in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "provenance": records}))
+    assert archive([tmp_path / "sweep"], tmp_path / "archive")["written"] == ["sweep/seed=0"]
+    copy = tmp_path / "archive" / "sweep" / "seed=0"
+    assert yaml.safe_load((copy / "config.yaml").read_text())["provenance"] == records
+    assert json.loads((copy / "summary.json").read_text())["provenance"] == records
+    runs = load_runs(copy)
+    assert runs.runs.loc[0, "commit"] == "a" * 40 + "+" + "b" * 40
+    assert bool(runs.runs.loc[0, "dirty"]) is True

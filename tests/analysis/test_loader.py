@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
 import pytest
 import yaml
 
-from replay_exp.analysis import config_label, find_run_dirs, load_runs
+from replay_exp.analysis import config_label, find_run_dirs, from_records, load_runs
 from replay_exp.analysis.loader import overrides_from_name
 
 
@@ -218,3 +219,45 @@ def test_runs_with_the_same_directory_name_in_two_sweeps_stay_two_runs(tmp_path)
     assert per_run.apply(list).to_dict() == {"fifo/seed=5": [0.3, 0.4], "onp/seed=5": [0.2, 0.6]}
     # One sweep alone keeps the plain names.
     assert list(load_runs(tmp_path / "onp").runs["run"]) == ["seed=5"]
+
+
+def _code(commit, dirty=False, step=0):
+    """One provenance record of config.yaml (replay_exp.rundir.record_provenance)."""
+    return {"step": step, "started": "2026-12-06 12:00:00", "commit": commit, "dirty": dirty,
+            "versions": {"python": "3.11.7", "torch": "2.13.0+cpu"}}  # fmt: skip
+
+
+def test_each_run_carries_the_commit_that_made_it(tmp_path):
+    a, b = "a" * 40, "b" * 40
+    root = tmp_path / "s"
+    _write(root / "seed=0", {**_config(64, 0), "provenance": [_code(a)]}, _rows(0.2, 0.5), True)
+    # Resumed at step 1 on another commit, from a dirty tree.
+    two = [_code(a), _code(b, dirty=True, step=1)]
+    _write(root / "seed=1", {**_config(64, 1), "provenance": two}, _rows(0.3, 0.4), True)
+    # From before the record; and one outside a git checkout (commit null: unknown).
+    _write(root / "seed=2", _config(64, 2), _rows(0.3, 0.4), True)
+    none = [{**_code(None, dirty=None), "git": "no commit recorded: git not found"}]
+    _write(root / "seed=3", {**_config(64, 3), "provenance": none}, _rows(0.3, 0.4), True)
+    # config.yaml lost: summary.json's copy of the records stands in.
+    _write(root / "buffer.capacity=64,seed=4", None, _rows(0.3, 0.4))
+    summary = {"status": "finished", "provenance": [_code(b)]}
+    (root / "buffer.capacity=64,seed=4" / "summary.json").write_text(json.dumps(summary))
+    with pytest.warns(UserWarning, match="missing config.yaml"):
+        runs = load_runs(root)
+    r = runs.runs.set_index("seed")
+
+    def known(column):  # unknown: None (pandas may store it as NaN)
+        return {k: None if pd.isna(v) else v for k, v in r[column].items()}
+
+    assert known("commit") == {0: a, 1: f"{a}+{b}", 2: None, 3: None, 4: b}
+    assert known("dirty") == {0: False, 1: True, 2: None, 3: None, 4: False}
+    assert set(runs.steps["commit"].dropna()) == {a, f"{a}+{b}", b}  # on every step row too
+    assert runs.steps["commit"].isna().sum() == 4  # 2 rows each of the 2 unknown runs
+    # The records are no configuration: one configuration, no provenance column.
+    assert runs.config_keys == [] and runs.runs["config"].nunique() == 1
+    assert not [c for c in runs.runs.columns if c.startswith("provenance")]
+    # A W&B run's flat config keys.
+    wandb = {"seed": 0, "provenance.commit": b, "provenance.dirty": True, "provenance.step": 0}
+    one = from_records([("w", "https://example.invalid/w", wandb, _rows(0.1, 0.2), "finished")])
+    assert (one.runs.loc[0, "commit"], one.runs.loc[0, "dirty"]) == (b, True)
+    assert "provenance.commit" not in one.runs.columns

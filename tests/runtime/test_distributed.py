@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from replay_exp.checkpoint import RUN_LAYOUT, load_latest
-from replay_exp.runlog import read_metrics
+from replay_exp.runlog import read_metrics, read_provenance
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +47,9 @@ def _run(cmd, cwd) -> subprocess.CompletedProcess:
 def _check_finished(run_dir, trainers: int, wrapper: str = "ddp") -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished"
+    # The code that made it, recorded by the launching process (config.yaml) and carried into
+    # the summary by trainer rank 0: the same records.
+    assert summary["provenance"] == read_provenance(run_dir) and summary["provenance"]
     rt = summary["runtime"]
     # Every rollout generated is accounted for.
     assert rt["generated"] > 0
