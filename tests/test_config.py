@@ -40,10 +40,13 @@ def _offline_extras(group: str, option: str, tiny_hub_dir: Path) -> list[str]:
     math tasks (and the generic pretrained option), a local dataset file."""
     if group == "model" and option == "pretrained":
         return [f"model.pretrained={tiny_hub_dir}"]
-    if group == "model" and option not in ("tiny", "tiny_qwen2"):  # a hub id: no hub here
+    if group == "model" and option not in ("tiny", "tiny_qwen2", "chain_sum_qwen2"):  # hub ids
         return [f"model.pretrained={tiny_hub_dir}"]
     if group == "runtime" and option == "distributed":  # the real node of schedule=async
         return ["schedule=async", "buffer.shards=2"]
+    if group == "task" and option == "reasoning_gym":  # a tiny model with a subword tokenizer
+        return ["model=chain_sum_qwen2", "task.n_eval=16", "task.max_prompt_tokens=28",
+                "task.max_response_tokens=6"]  # fmt: skip
     if group == "task" and option != "arithmetic":
         path = GSM8K.with_name(MATH_FIXTURE[option])
         return [f"model={tiny_hub_dir}", f"task.path={path}", "task.n_eval=2"]
@@ -217,9 +220,9 @@ BAD = [
      "nobody/no-such-model the prompt width needs that model's tokenizer, which is not on this "
      "machine (neither a local dir nor in the hub's cache: download it first)"),
     (["task=gsm8k", f"task.path={GSM8K}"],
-     "task.name=gsm8k needs a pretrained model with its own tokenizer (model=qwen2_5_0_5b, "
-     "model=<local dir>, or model.pretrained=...); the embedded tiny model's char tokenizer "
-     "cannot read it"),
+     "task.name=gsm8k needs a model with a subword tokenizer (model=qwen2_5_0_5b, "
+     "model=<local dir>, model.pretrained=..., or a tiny model's model.tokenizer=<shipped>); "
+     "the embedded tiny model's char tokenizer cannot read it"),
     (["model=qwen2_5_0_5b", "task=gsm8k", "task.path=/nonexistent/gsm8k.jsonl"],
      "task.path=/nonexistent/gsm8k.jsonl does not exist (a .jsonl/.json/.parquet file)"),
     (["model=qwen2_5_0_5b", "task=math", f"task.path={GSM8K}"],
@@ -231,6 +234,25 @@ BAD = [
     (["model=qwen2_5_0_5b", "task=gsm8k", f"task.path={GSM8K}", "task.template=no-placeholder"],
      "task.template: prompt template 'no-placeholder' is neither one of ['default', 'plain'] "
      "nor a string containing '{question}'"),
+    (["task=reasoning_gym"],
+     "task.name=reasoning_gym needs a model with a subword tokenizer (model=qwen2_5_0_5b, "
+     "model=<local dir>, model.pretrained=..., or a tiny model's model.tokenizer=<shipped>); "
+     "the embedded tiny model's char tokenizer cannot read it"),
+    (["testbed=chain_sum", "task.dataset=chain_summ"],
+     "task.dataset=chain_summ is not a reasoning-gym dataset (did you mean chain_sum, "
+     "decimal_chain_sum?); 106 are registered (reasoning_gym.factory.DATASETS)"),
+    (["testbed=chain_sum", "task.params.min_terms=0"],
+     "task.params={'max_digits': 2, 'max_terms': 4, 'min_digits': 1, 'min_terms': 0} of "
+     "task.dataset=chain_sum is invalid: min_terms must be positive"),
+    (["testbed=chain_sum", "+task.params.terms=3"],
+     "task.params={'max_digits': 2, 'max_terms': 4, 'min_digits': 1, 'min_terms': 3, 'terms': "
+     "3} of task.dataset=chain_sum: ChainSumConfig.__init__() got an unexpected keyword "
+     "argument 'terms'; its keys: ['allow_negation', 'max_digits', 'max_terms', 'min_digits', "
+     "'min_terms']"),
+    (["testbed=chain_sum", "task.extract=boxed"],
+     "task.extract=boxed is unknown; choose one of ['completion', 'answer_tag', 'final']"),
+    (["model.tokenizer=nope"],
+     "model.tokenizer=nope is unknown; choose one of ['char', 'chain_sum_bpe']"),
 ]  # fmt: skip
 
 
@@ -310,7 +332,7 @@ def test_schemas_hold_no_default_to_contradict_the_yaml(schema):
 def test_every_option_sets_exactly_its_schema_keys(group, option):
     """The composed node of each option has a value for every field of its schema (so each is
     documented in a YAML: test_every_yaml_key_has_a_comment_above) and no other key."""
-    if group in ("experiment", "correction", "debug", "launcher"):
+    if group in ("experiment", "testbed", "correction", "debug", "launcher"):
         pytest.skip("presets and launchers hold deltas of other groups")
     node = option_defaults(group, option)
     name_key = NAME_KEYS.get(group)

@@ -21,6 +21,7 @@ from replay_exp.control import KNOBS, POLICIES
 from replay_exp.control.model import noise_path
 from replay_exp.models.precision import DTYPES
 from replay_exp.models.tiny import ARCHS
+from replay_exp.models.tokenizer import shipped_tokenizers
 from replay_exp.rollout import BACKENDS, BEHAVIOUR_LOGP_SOURCES
 from replay_exp.rollout.hf import SAMPLERS
 from replay_exp.runlog import LOGGERS, WANDB_MODES
@@ -169,6 +170,8 @@ def check_model(cfg: DictConfig) -> None:
     if "warm_start" in m:  # model=tiny
         if m.arch not in ARCHS:
             fail(f"model.arch={m.arch} is unknown; choose one of {sorted(ARCHS)}")
+        if m.tokenizer not in (known := ["char", *shipped_tokenizers()]):
+            fail(f"model.tokenizer={m.tokenizer} is unknown; choose one of {known}")
         if m.tie_word_embeddings is None and not m.pretrained:
             fail(
                 "model.tie_word_embeddings=null (as saved) needs model.pretrained; set true or "

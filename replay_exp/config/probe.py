@@ -21,11 +21,12 @@ def probe_inputs(cfg: DictConfig) -> tuple[int, int]:
     m, g = cfg.model, cfg.generation
     pretrained = m.pretrained
     saved_model = pretrained_model_config(pretrained) if pretrained else None
-    if TASKS[cfg.task.name].needs_pretrained and not pretrained:
+    char = not pretrained and m.get("tokenizer", "char") == "char"
+    if TASKS[cfg.task.name].needs_pretrained and char:
         fail(
-            f"task.name={cfg.task.name} needs a pretrained model with its own tokenizer "
-            "(model=qwen2_5_0_5b, model=<local dir>, or model.pretrained=...); the embedded "
-            "tiny model's char tokenizer cannot read it"
+            f"task.name={cfg.task.name} needs a model with a subword tokenizer "
+            "(model=qwen2_5_0_5b, model=<local dir>, model.pretrained=..., or a tiny model's "
+            "model.tokenizer=<shipped>); the embedded tiny model's char tokenizer cannot read it"
         )
     if m.chat_template and not _has_chat_template(pretrained):
         where = f"model.pretrained={pretrained}" if pretrained else "the tiny model"

@@ -63,6 +63,7 @@ class TinyModelConfig(ModelConfig):
     """``model=tiny | tiny_qwen2``: built from a config, warm-started."""
 
     arch: str = MISSING  # llama | qwen2 | qwen3
+    tokenizer: str = MISSING  # char | a subword tokenizer shipped in models/tokenizers/
     hidden_size: int = MISSING
     num_layers: int = MISSING
     num_heads: int = MISSING
@@ -104,6 +105,22 @@ class MathTaskConfig:
     max_prompt_tokens: int = MISSING
     max_response_tokens: int = MISSING
     cache_dir: str | None = MISSING
+
+
+@dataclass
+class ReasoningGymTaskConfig:
+    name: str = MISSING  # reasoning_gym
+    dataset: str = MISSING  # a reasoning-gym dataset name (chain_sum, countdown, ...)
+    params: Any = MISSING  # the dataset's config keys (a dict; null = its defaults)
+    n_eval: int = MISSING
+    n_train: int = MISSING  # size of the training dataset items are drawn from
+    split_seed: int = MISSING  # held-out: this seed; training: split_seed + n_eval
+    template: str = MISSING  # contains {question}
+    extract: str = MISSING  # completion | answer_tag | final
+    reward: str = MISSING  # score_answer | math_verify
+    partial_credit: bool = MISSING  # false: 1 iff the scorer gives full marks
+    max_prompt_tokens: int = MISSING
+    max_response_tokens: int = MISSING
 
 
 # --- buffer -----------------------------------------------------------------------------------
@@ -431,6 +448,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "gsm8k": MathTaskConfig,
         "math": MathTaskConfig,
         "openr1_math": MathTaskConfig,
+        "reasoning_gym": ReasoningGymTaskConfig,
     },
     "buffer": {
         "fifo": BufferConfig,

@@ -15,12 +15,13 @@ from replay_exp.models.tiny import (
     load_pretrained,
     untie_embeddings,
 )
-from replay_exp.models.tokenizer import build_char_tokenizer, load_tokenizer
+from replay_exp.models.tokenizer import build_char_tokenizer, build_tokenizer, load_tokenizer
 from replay_exp.models.warm_start import cached_warm_start
 from replay_exp.tasks import Task
 
 __all__ = [
     "build_char_tokenizer",
+    "build_tokenizer",
     "build_tiny_model",
     "count_params",
     "load_policy",
@@ -46,7 +47,8 @@ def load_policy(
 
     - ``model.pretrained`` set: ``from_pretrained(model.pretrained)``, untied if
       ``model.tie_word_embeddings`` is false.
-    - otherwise a tiny model of ``model.arch`` with a char tokenizer; with
+    - otherwise a tiny model of ``model.arch`` with its ``model.tokenizer`` (char, or a
+      shipped subword tokenizer); with
       ``model.warm_start.steps > 0`` it is warm-started (cached; trained in float32, so one
       warm start serves every dtype: it is cast, never retrained) and loaded back from the
       cache with ``from_pretrained``; with 0 steps it is the random init (seed
@@ -60,7 +62,7 @@ def load_policy(
             untie_embeddings(model)
         source = str(mcfg.pretrained)
     else:
-        tok = build_char_tokenizer()
+        tok = build_tokenizer(mcfg.get("tokenizer", "char"))
         build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)
         if mcfg.warm_start.steps == 0:
             model, source = build().to(DTYPES[dtype]), "random-init"

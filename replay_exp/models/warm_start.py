@@ -35,7 +35,8 @@ import transformers
 from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from replay_exp.tasks import Task
+from replay_exp.models.tokenizer import tokenizer_sha256
+from replay_exp.tasks import TASKS, Task
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,12 @@ WARM_START_VERSION = 1  # bump when the supervised loop changes what it produces
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 # Keys that do not change what the warm start produces: where it is cached, whether a shipped
 # copy is used, labels, and options that act only after it (chat template, checkpointing).
-_NOT_RECIPE_MODEL = ("name", "chat_template", "gradient_checkpointing", "param_dtype", "save_dtype")
+# The tokenizer's name: its vocabulary (and, for a subword tokenizer, its file's hash) is in
+# the recipe instead, so the embedded default's key is the one it had before the knob existed.
+_NOT_RECIPE_MODEL = (
+    "name", "chat_template", "gradient_checkpointing", "param_dtype", "save_dtype", "tokenizer",
+)  # fmt: skip
 _NOT_RECIPE_WARM = ("cache_dir", "shipped")
-# Task keys that leave the training split and demonstrations unchanged (the held-out list's
-# length: the split itself is set by the eval fraction and split seed).
-_NOT_RECIPE_TASK = ("n_eval",)
 
 
 def recipe(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> dict:
@@ -63,14 +65,20 @@ def recipe(mcfg: Any, task_cfg: Any, tokenizer: PreTrainedTokenizerBase) -> dict
     for key in _NOT_RECIPE_WARM:
         model_part["warm_start"].pop(key, None)
     task_part = OmegaConf.to_container(task_cfg, resolve=True)
-    for key in _NOT_RECIPE_TASK:
+    # Task keys that leave the training problems and demonstrations unchanged (each task's
+    # ``warm_start_ignores``: e.g. the arithmetic held-out list's length, a scorer's knobs).
+    for key in TASKS[task_cfg.name].warm_start_ignores:
         task_part.pop(key, None)
-    return {
+    out = {
         "model": model_part,
         "task": task_part,
         "vocab": sorted(tokenizer.get_vocab().items()),
         "warm_start_version": WARM_START_VERSION,
     }
+    subword = tokenizer_sha256(mcfg.get("tokenizer", "char"))
+    if subword is not None:
+        out["tokenizer_sha256"] = subword
+    return out
 
 
 def _hash(payload: Any) -> str:

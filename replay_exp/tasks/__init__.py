@@ -6,9 +6,14 @@ from typing import Any
 
 from replay_exp.tasks.arithmetic import ArithmeticTask
 from replay_exp.tasks.base import Problem, Task
+from replay_exp.tasks.gym_task import ReasoningGymTask
 from replay_exp.tasks.math_task import MATH_TASKS, MathTask
 
-TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, **dict.fromkeys(MATH_TASKS, MathTask)}
+TASKS: dict[str, type[Task]] = {
+    "arithmetic": ArithmeticTask,
+    **dict.fromkeys(MATH_TASKS, MathTask),
+    "reasoning_gym": ReasoningGymTask,
+}
 
 __all__ = ["TASKS", "Problem", "Task", "make_task"]
 

@@ -58,6 +58,8 @@ def _add_without_carry(a: int, b: int) -> int:
 
 class ArithmeticTask(Task):
     name = "arithmetic"
+    # The held-out list's length: the split itself is set by the eval fraction and split seed.
+    warm_start_ignores = ("n_eval",)
 
     def __init__(
         self,

@@ -27,6 +27,9 @@ class Task(ABC):
     max_prompt_chars: int  # longest prompt, in characters
     max_answer_chars: int  # longest reference answer, in characters
     needs_pretrained: bool = False  # True: only a pretrained model's tokenizer can read it
+    # Config keys that change neither the training problems nor the demonstrations: left out
+    # of a warm start's recipe (replay_exp.models.warm_start.recipe).
+    warm_start_ignores: tuple[str, ...] = ()
 
     @property
     def max_prompt_tokens(self) -> int:

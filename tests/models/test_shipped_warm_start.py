@@ -13,7 +13,7 @@ import torch
 from replay_exp.config.composition import compose
 from replay_exp.config.derive import resolve
 from replay_exp.eval.evaluate import evaluate
-from replay_exp.models import build_char_tokenizer, load_policy
+from replay_exp.models import build_char_tokenizer, build_tokenizer, load_policy
 from replay_exp.models.warm_start import (
     SHIPPED_DIR,
     file_sha256,
@@ -27,6 +27,10 @@ from replay_exp.tasks import make_task
 SHIPPED_SHA256 = "7f5b698db862405a0b39aa18d3b401f021710899662a82bb70ee58ec4d1eb068"
 # Greedy pass@1 of the shipped model on the default held-out split (task.n_eval problems).
 STEP0_CORRECT, STEP0_PROBLEMS = 446, 2048
+# The second testbed's (testbed=chain_sum): stored in bfloat16 (--dtype bfloat16).
+CHAIN_SUM_SHA256 = "de5368d6d534225d40fb2372efeb525ae6fc97d6269bafb95b75b268e48b1a9f"
+CHAIN_SUM_STEP0_CORRECT = 488
+TESTBED_DOC = Path(__file__).parents[2] / "docs" / "testbed.md"
 README = Path(__file__).parents[2] / "README.md"
 
 
@@ -35,7 +39,11 @@ def test_the_shipped_weights_are_the_pinned_bytes():
     path = shipped_warm_start(cfg.model, cfg.task, build_char_tokenizer())
     assert path is not None and path.parent == SHIPPED_DIR
     assert file_sha256(path / "model.safetensors") == SHIPPED_SHA256
-    assert [p.name for p in SHIPPED_DIR.iterdir() if not p.name.startswith(".")] == [path.name]
+    second = compose(["testbed=chain_sum"])
+    other = shipped_warm_start(second.model, second.task, build_tokenizer("chain_sum_bpe"))
+    assert other is not None and file_sha256(other / "model.safetensors") == CHAIN_SUM_SHA256
+    shipped = {p.name for p in SHIPPED_DIR.iterdir() if not p.name.startswith(".")}
+    assert shipped == {path.name, other.name}
 
 
 def test_the_default_loads_the_shipped_copy_without_training(tmp_path):
@@ -78,3 +86,26 @@ def test_step0_pass1_of_the_main_command_is_the_documented_number():
     assert int(details["pass1"].sum()) == STEP0_CORRECT
     documented = f"{STEP0_CORRECT / STEP0_PROBLEMS:.3f}"
     assert re.search(rf"step 0 \| pass@1 {documented}", README.read_text()), documented
+
+
+def test_the_second_testbed_loads_its_shipped_copy_without_training(tmp_path):
+    cfg = compose(["testbed=chain_sum", f"model.warm_start.cache_dir={tmp_path}"])
+    policy, tok, source = load_policy(cfg.model, cfg.task, make_task(cfg.task))
+    assert Path(source).parent == SHIPPED_DIR and not any(tmp_path.iterdir())
+    assert type(policy).__name__ == "Qwen2ForCausalLM" and len(tok) == 305
+    assert next(policy.parameters()).dtype == torch.float32  # stored bf16, loaded as float32
+
+
+@pytest.mark.slow
+def test_step0_pass1_of_the_second_testbed_is_the_documented_number():
+    cfg, d = resolve(compose(["testbed=chain_sum"]))
+    torch.set_num_threads(d.threads)
+    task = make_task(cfg.task)
+    policy, tok, _ = load_policy(cfg.model, cfg.task, task)
+    problems = task.eval_problems()
+    assert len(problems) == STEP0_PROBLEMS
+    evaluator = HFGenerator(policy, tok.pad_token_id, tok.eos_token_id)
+    out, details = evaluate(evaluator, policy, tok, task, problems, cfg.eval, d.max_new_tokens, 0)
+    assert int(details["pass1"].sum()) == CHAIN_SUM_STEP0_CORRECT
+    documented = f"{CHAIN_SUM_STEP0_CORRECT / STEP0_PROBLEMS:.3f}"
+    assert documented in TESTBED_DOC.read_text(), documented
