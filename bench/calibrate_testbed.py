@@ -1,7 +1,7 @@
 """Calibration of the embedded testbed: is the default discriminating? (run by hand, ~20 min)
 
     python bench/calibrate_testbed.py [--seeds 0 1 2] [--lrs 3e-5 6e-5 1e-4 2e-4] [--out DIR]
-                                      [--smoke]
+                                      [--testbed NAME] [--baseline-runs DIR] [--smoke]
 
 Prints each criterion of docs/testbed.md with its measured value and PASS/FAIL:
 
@@ -17,6 +17,11 @@ Prints each criterion of docs/testbed.md with its measured value and PASS/FAIL:
    ``--lrs``, at the study budget of ``sweeps/_tiny_base.yaml``) is still improving at half of
    the study budget (its second-half gain has a 95 % bootstrap interval above 0, resampling
    seeds and problems) and ends >= 25 points above the start.
+
+``--testbed NAME`` calibrates another testbed (``testbed=NAME`` on every run, its study base
+``sweeps/_NAME_base.yaml``, e.g. ``--testbed chain_sum``); ``--baseline-runs DIR`` reads part 4
+from the finished on-policy runs of a sweep (matched by ``algo.lr`` and ``seed`` in their
+config.yaml, e.g. ``runs/transfer_lr_chain_sum``) instead of training its own.
 
 Part 1 runs first, one run at a time, so its timings are clean; part 4 then runs two runs at a
 time with ``threads=1`` each. Runs live under ``--out`` (default a temporary folder); a rerun
@@ -115,17 +120,43 @@ def main_command(out: Path, seeds: list[int], extra: list[str]) -> bool:
     return all(ok for _, ok, _ in checks)
 
 
+def finished_runs(root: Path, lrs: list[str], seeds: list[int]) -> dict:
+    """(lr, seed) -> the finished run under ``root`` whose config.yaml has that ``algo.lr``
+    and ``seed`` (SystemExit naming what is missing)."""
+    import yaml
+
+    found = {}
+    for summary in root.glob("**/summary.json"):
+        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        found[(float(cfg["algo"]["lr"]), int(cfg["seed"]))] = summary.parent
+    missing = [(lr, s) for lr in lrs for s in seeds if (float(lr), s) not in found]
+    if missing:
+        raise SystemExit(f"--baseline-runs {root}: no finished run for (lr, seed) {missing}")
+    return {(lr, s): found[(float(lr), s)] for lr in lrs for s in seeds}
+
+
 def baseline_lr_sweep(
-    out: Path, seeds: list[int], lrs: list[str], jobs: int, extra: list[str]
+    out: Path,
+    seeds: list[int],
+    lrs: list[str],
+    jobs: int,
+    extra: list[str],
+    base: str = "_tiny_base",
+    runs_root: Path | None = None,
 ) -> bool:
-    """Criterion 4 (``extra``: more overrides of every run)."""
+    """Criterion 4 (``extra``: more overrides of every run; ``base``: the study's sweep base;
+    ``runs_root``: read finished runs from there instead of training)."""
     print(f"4. on-policy baseline at the study budget, lr in {lrs}, seeds {seeds} "
           f"({jobs} runs at a time, threads=1)", flush=True)  # fmt: skip
-    runs = {(lr, s): out / "baseline" / f"lr{lr}_seed{s}" for lr in lrs for s in seeds}
-    study = ["+sweep=_tiny_base", "buffer=on_policy", "threads=1", "save_final_model=false",
-             *extra]  # fmt: skip
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(lambda k: train(runs[k], *study, f"algo.lr={k[0]}", f"seed={k[1]}"), runs))
+    if runs_root is not None:
+        runs = finished_runs(runs_root, lrs, seeds)
+    else:
+        runs = {(lr, s): out / "baseline" / f"lr{lr}_seed{s}" for lr in lrs for s in seeds}
+        study = [f"+sweep={base}", "buffer=on_policy", "threads=1", "save_final_model=false",
+                 *extra]  # fmt: skip
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(lambda k: train(runs[k], *study, f"algo.lr={k[0]}", f"seed={k[1]}"),
+                          runs))  # fmt: skip
     curves = {}
     for lr in lrs:
         mats = np.stack([pass1_matrix(runs[(lr, s)]) for s in seeds])  # [S, K, J]
@@ -136,7 +167,7 @@ def baseline_lr_sweep(
     best = max(lrs, key=lambda lr: curves[lr][:, -1].mean())
     mats = curves[best]
     S, K, J = mats.shape
-    half = K // 2  # evaluations at 0, 50, ..., 1000 units: index K // 2 is 500
+    half = K // 2  # evaluations at 0, 50, ..., 1000 units: index K // 2 is 500 (1500 of 3000)
     gain = mats[:, -1] - mats[:, half]  # [S, J], paired per seed and problem
     rng = np.random.default_rng(0)
     boots = []
@@ -164,15 +195,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="runs folder (default: a temp dir)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel runs in part 4")
     ap.add_argument("--smoke", action="store_true", help="seed 0, lr 6e-5, 4-step runs")
+    ap.add_argument("--testbed", default=None, help="calibrate testbed=NAME (e.g. chain_sum)")
+    ap.add_argument("--baseline-runs", type=Path, default=None,
+                    help="read part 4 from a sweep's finished on-policy runs")  # fmt: skip
     args = ap.parse_args()
     main_extra, study_extra = [], []
+    base = "_tiny_base"
+    if args.testbed:
+        main_extra, study_extra = [f"testbed={args.testbed}"], [f"testbed={args.testbed}"]
+        base = f"_{args.testbed}_base"
     if args.smoke:
         args.seeds, args.lrs, args.jobs = [0], ["6e-5"], 1
-        main_extra, study_extra = SMOKE_MAIN, SMOKE_STUDY
+        main_extra, study_extra = main_extra + SMOKE_MAIN, study_extra + SMOKE_STUDY
     out = args.out or Path(tempfile.mkdtemp(prefix="replay-exp-calibration-"))
     print(f"runs in {out}")
     ok = main_command(out, args.seeds, main_extra)
-    ok = baseline_lr_sweep(out, args.seeds, args.lrs, args.jobs, study_extra) and ok
+    ok = baseline_lr_sweep(out, args.seeds, args.lrs, args.jobs, study_extra, base,
+                           args.baseline_runs) and ok  # fmt: skip
     print(json.dumps({"all_pass": ok}))
     if args.smoke:
         print("smoke run: the verdicts of 4-step runs mean nothing")
