@@ -28,14 +28,7 @@ def build_char_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
+    return _wrap(tok)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -70,3 +70,24 @@ class Task(ABC):
     @abstractmethod
     def reward(self, problem: Problem, completion: str, finished: bool) -> float:
         """Verifiable reward of ``completion`` (text before EOS); ``finished`` = EOS emitted."""
+
+
+class BudgetedTask(Task):
+    """A task whose prompt and response budgets are knobs in tokens (``task.max_prompt_tokens``,
+    ``task.max_response_tokens``: a subword tokenizer's units, not characters), with its sizes
+    read off its problem lists."""
+
+    _max_prompt_tokens: int
+    _max_new_tokens: int
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self._max_prompt_tokens
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self._max_new_tokens
+
+    def _set_sizes(self, problems: list[Problem]) -> None:
+        self.max_prompt_chars = max(len(p.prompt) for p in problems)
+        self.max_answer_chars = max(len(p.answer) for p in problems)

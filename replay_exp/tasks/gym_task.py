@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from replay_exp.config.errors import ConfigError
-from replay_exp.tasks.base import Problem, Task
+from replay_exp.tasks.base import BudgetedTask, Problem
 
 EXTRACTS = ("completion", "answer_tag", "final")
 REWARDS = ("score_answer", "math_verify")
@@ -93,7 +93,7 @@ def _dataset(name: str, params: tuple, seed: int, size: int):
         ) from None
 
 
-class ReasoningGymTask(Task):
+class ReasoningGymTask(BudgetedTask):
     """A reasoning-gym dataset: held-out items of one seed, training items of another."""
 
     name = "reasoning_gym"
@@ -157,18 +157,6 @@ class ReasoningGymTask(Task):
         prompt = self.template.replace("{question}", entry["question"])
         self._entries.setdefault(prompt, entry)
         return Problem(prompt=prompt, answer=str(entry["answer"]))
-
-    def _set_sizes(self, problems: list[Problem]) -> None:
-        self.max_prompt_chars = max(len(p.prompt) for p in problems)
-        self.max_answer_chars = max(len(p.answer) for p in problems)
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        return self._max_prompt_tokens
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self._max_new_tokens
 
     def sample_train(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` training problems, each item index uniform in ``[0, n_train)``; a held-out

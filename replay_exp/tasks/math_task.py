@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from replay_exp.config.errors import ConfigError
-from replay_exp.tasks.base import Problem, Task
+from replay_exp.tasks.base import BudgetedTask, Problem
 
 # The dataset formats of math_data (imported lazily: datasets + math-verify take ~1.3 s).
 MATH_TASKS = ("gsm8k", "math", "openr1_math")
@@ -61,7 +61,7 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-class MathTask(Task):
+class MathTask(BudgetedTask):
     """A math dataset as a task: fixed train / held-out lists, math-verify reward."""
 
     needs_pretrained = True
@@ -151,24 +151,11 @@ class MathTask(Task):
                 f"task={name}: {len(self._train)} training and {len(self._eval)} held-out "
                 "problems left; both must be non-empty"
             )
-        self._set_sizes()
+        self._set_sizes(self._train + self._eval)
 
     @classmethod
     def from_config(cls, task_cfg: Any) -> MathTask:
         return cls(**dict(task_cfg))
-
-    def _set_sizes(self) -> None:
-        everything = self._train + self._eval
-        self.max_prompt_chars = max(len(p.prompt) for p in everything)
-        self.max_answer_chars = max(len(p.answer) for p in everything)
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        return self._max_prompt_tokens
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self._max_new_tokens
 
     @property
     def n_train(self) -> int:
@@ -212,5 +199,5 @@ class MathTask(Task):
                 stacklevel=2,
             )
         self._train, self._eval = train, held
-        self._set_sizes()
+        self._set_sizes(self._train + self._eval)
         return dropped

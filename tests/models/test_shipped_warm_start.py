@@ -74,8 +74,21 @@ def test_shipped_false_ignores_the_shipped_copy():
 
 
 @pytest.mark.slow
-def test_step0_pass1_of_the_main_command_is_the_documented_number():
-    cfg, d = resolve(compose([]))
+@pytest.mark.parametrize(
+    ("overrides", "correct", "doc", "pattern"),
+    [
+        ([], STEP0_CORRECT, README, r"step 0 \| pass@1 {}"),
+        (
+            ["testbed=chain_sum"],
+            CHAIN_SUM_STEP0_CORRECT,
+            TESTBED_DOC,
+            r"Step-0 greedy pass@1 of the shipped copy: \*\*{}\*\*",
+        ),
+    ],  # fmt: skip
+    ids=["embedded", "chain_sum"],
+)
+def test_step0_pass1_is_the_documented_number(overrides, correct, doc, pattern):
+    cfg, d = resolve(compose(overrides))
     torch.set_num_threads(d.threads)
     task = make_task(cfg.task)
     policy, tok, _ = load_policy(cfg.model, cfg.task, task)
@@ -83,9 +96,9 @@ def test_step0_pass1_of_the_main_command_is_the_documented_number():
     assert len(problems) == STEP0_PROBLEMS
     evaluator = HFGenerator(policy, tok.pad_token_id, tok.eos_token_id)
     out, details = evaluate(evaluator, policy, tok, task, problems, cfg.eval, d.max_new_tokens, 0)
-    assert int(details["pass1"].sum()) == STEP0_CORRECT
-    documented = f"{STEP0_CORRECT / STEP0_PROBLEMS:.3f}"
-    assert re.search(rf"step 0 \| pass@1 {documented}", README.read_text()), documented
+    assert int(details["pass1"].sum()) == correct
+    documented = f"{correct / STEP0_PROBLEMS:.3f}"
+    assert re.search(pattern.format(re.escape(documented)), doc.read_text()), documented
 
 
 def test_the_second_testbed_loads_its_shipped_copy_without_training(tmp_path):
@@ -94,18 +107,3 @@ def test_the_second_testbed_loads_its_shipped_copy_without_training(tmp_path):
     assert Path(source).parent == SHIPPED_DIR and not any(tmp_path.iterdir())
     assert type(policy).__name__ == "Qwen2ForCausalLM" and len(tok) == 305
     assert next(policy.parameters()).dtype == torch.float32  # stored bf16, loaded as float32
-
-
-@pytest.mark.slow
-def test_step0_pass1_of_the_second_testbed_is_the_documented_number():
-    cfg, d = resolve(compose(["testbed=chain_sum"]))
-    torch.set_num_threads(d.threads)
-    task = make_task(cfg.task)
-    policy, tok, _ = load_policy(cfg.model, cfg.task, task)
-    problems = task.eval_problems()
-    assert len(problems) == STEP0_PROBLEMS
-    evaluator = HFGenerator(policy, tok.pad_token_id, tok.eos_token_id)
-    out, details = evaluate(evaluator, policy, tok, task, problems, cfg.eval, d.max_new_tokens, 0)
-    assert int(details["pass1"].sum()) == CHAIN_SUM_STEP0_CORRECT
-    documented = f"{CHAIN_SUM_STEP0_CORRECT / STEP0_PROBLEMS:.3f}"
-    assert documented in TESTBED_DOC.read_text(), documented
