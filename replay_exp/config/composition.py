@@ -15,8 +15,9 @@ from replay_exp.config.schemas import CONF_DIR, register_configs
 
 
 def expand_model_shorthand(overrides: list[str]) -> list[str]:
-    """``model=<local dir or hub org/name>`` -> ``model=pretrained model.pretrained=<it>
-    model.name=<its last part>``; other arguments (and ``model=<config name>``) pass unchanged.
+    """``model=<local dir, hub org/name or gguf:<file>>`` -> ``model=pretrained
+    model.pretrained=<it> model.name=<its last part>``; other arguments (and
+    ``model=<config name>``) pass unchanged.
 
     Applied to the command line before Hydra parses it. A value that is neither a config under
     ``conf/model`` nor a directory nor a hub id fails with a one-line :class:`ConfigError`.
@@ -32,14 +33,16 @@ def expand_model_shorthand(overrides: list[str]) -> list[str]:
             out.append(arg)
             continue
         path = os.path.expanduser(value)
-        if os.path.isdir(path):
+        if value.startswith("gguf:"):  # a GGUF file (replay_exp/models/gguf.py), kept as given
+            path = value.rpartition("/")[2].removesuffix(".gguf")
+        elif os.path.isdir(path):
             value = os.path.abspath(path)
         elif not HUB_ID.fullmatch(value) or os.path.exists(path):
             raise ConfigError(
                 f"model={value} is neither a model config (one of {names}) nor a local model "
                 "directory nor a hub id (org/name)"
             )
-        label = re.sub(r"[^\w.-]", "_", os.path.basename(value.rstrip("/"))) or "pretrained"
+        label = re.sub(r"[^\w.-]", "_", os.path.basename(path.rstrip("/"))) or "pretrained"
         out += ["model=pretrained", f"model.pretrained='{value}'", f"model.name={label}"]
     return out
 

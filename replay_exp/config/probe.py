@@ -1,6 +1,6 @@
 """The one part of ``resolve()`` that reads files (or the hub's cache): a local model's
-``config.json`` and tokenizer, and the task's data; and the ``model=<dir or hub id>``
-shorthand of the command line."""
+``config.json`` and tokenizer (a GGUF spec's converted folder, made here once), and the task's
+data; and the ``model=<dir or hub id>`` shorthand of the command line."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ def probe_inputs(cfg: DictConfig) -> tuple[int, int]:
     """The one part of ``resolve()`` that reads files (or the hub's cache): a local model's
     ``config.json`` and tokenizer, and the task's data. Returns (max prompt tokens, max new
     tokens), checked against the model's positions."""
+    from replay_exp.models.gguf import local_folder
+
     m, g = cfg.model, cfg.generation
-    pretrained = m.pretrained
+    # A GGUF spec (model.pretrained=gguf:...) is converted once into a cached hub-format
+    # folder here, before anything is built; the config keeps the spec.
+    pretrained = local_folder(m.pretrained)
     saved_model = pretrained_model_config(pretrained) if pretrained else None
     char = not pretrained and m.get("tokenizer", "char") == "char"
     if TASKS[cfg.task.name].needs_pretrained and char:

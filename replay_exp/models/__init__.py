@@ -8,6 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from replay_exp.models.gguf import local_folder
 from replay_exp.models.precision import DTYPES, compute_in
 from replay_exp.models.tiny import (
     build_tiny_model,
@@ -45,8 +46,8 @@ def load_policy(
     ``compute_dtype`` (the run's resolved ``model.dtype``; None: ``dtype``) through
     ``models.precision.compute_in``.
 
-    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)``, untied if
-      ``model.tie_word_embeddings`` is false.
+    - ``model.pretrained`` set: ``from_pretrained(model.pretrained)`` (a ``gguf:`` spec: its
+      converted folder, ``models.gguf``), untied if ``model.tie_word_embeddings`` is false.
     - otherwise a tiny model of ``model.arch`` with its ``model.tokenizer`` (char, or a
       shipped subword tokenizer); with
       ``model.warm_start.steps > 0`` it is warm-started (cached; trained in float32, so one
@@ -57,10 +58,10 @@ def load_policy(
     ``model.gradient_checkpointing`` is switched on here (it acts in training mode only).
     """
     if mcfg.pretrained:
-        model, tok = load_pretrained(mcfg.pretrained, dtype)
+        source = local_folder(mcfg.pretrained)  # a GGUF spec: its converted, cached folder
+        model, tok = load_pretrained(source, dtype)
         if mcfg.tie_word_embeddings is False:
             untie_embeddings(model)
-        source = str(mcfg.pretrained)
     else:
         tok = build_tokenizer(mcfg.get("tokenizer", "char"))
         build = partial(build_tiny_model, mcfg, tok, mcfg.warm_start.seed)

@@ -28,6 +28,8 @@ project does not implement: ``resolve()`` refuses float16 over float32 weights.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,6 +53,20 @@ def compute_in(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
     )
     model.__dict__[_ATTR] = (DTYPES[dtype], handles)
     return model
+
+
+def held_casts(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """A block over which ``model``'s compute-dtype copies of its weights are made once and
+    kept: an outer ``torch.autocast`` around many forwards with unchanged weights (a whole
+    generation: one forward per token), whose cast cache the hooks' inner autocast reuses
+    (autocast clears it only when its outermost context exits). Without it each decode step
+    casts every weight again (at 135 M parameters on a CPU that was a third of a bf16
+    evaluation's time). A no-op for a model computing in its parameters' dtype (float32 runs
+    are unchanged to the bit). Only for forwards that leave the weights as they are."""
+    setting = model.__dict__.get(_ATTR)
+    if setting is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=setting[0])
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:

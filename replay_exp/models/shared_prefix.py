@@ -17,6 +17,8 @@ order. (transformers' ``cache.batch_select_indices`` indexes the first way.)
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import PreTrainedModel
 
@@ -54,13 +56,27 @@ def prefill(model: PreTrainedModel, ids_BxP: torch.Tensor, mask_BxP: torch.Tenso
     ids_UxP, mask_UxP, inverse_B = unique_prompts(ids_BxP, mask_BxP)
     pos_UxP = positions(mask_UxP)
     out = model(
-        input_ids=ids_UxP, attention_mask=mask_UxP.long(), position_ids=pos_UxP, use_cache=True
-    )
+        input_ids=ids_UxP, attention_mask=mask_UxP.long(), position_ids=pos_UxP, use_cache=True,
+        **last_logits_only(model),
+    )  # fmt: skip
     cache = out.past_key_values
     # torch.unique sorts the rows: broadcast back to the batch's order (even with no repeats).
     if not torch.equal(inverse_B, torch.arange(len(inverse_B), device=inverse_B.device)):
         select_cache_rows(cache, inverse_B)
     return out.logits[:, -1].index_select(0, inverse_B), cache, pos_UxP[inverse_B, -1] + 1
+
+
+def last_logits_only(model: torch.nn.Module) -> dict:
+    """``logits_to_keep=1`` where the model takes it: the output head runs on the last prompt
+    position only, not on all P (a prefill reads only that one). At a 49k vocabulary that is a
+    fifth of a small model's prefill FLOPs and a [U, P, V] float32 tensor (2.5 GB for 256
+    prompts of 50 tokens, SmolLM2-135M); the last position's logits are the same values."""
+    forward = getattr(model, "forward", None)
+    try:
+        takes = "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"logits_to_keep": 1} if takes else {}
 
 
 # Per-row tensors of a transformers cache layer (DynamicLayer and its subclasses).

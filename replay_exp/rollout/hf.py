@@ -11,6 +11,7 @@ import copy
 import torch
 from transformers import PreTrainedModel
 
+from replay_exp.models.precision import held_casts
 from replay_exp.rollout.base import Generation, Generator, SamplingParams, completion_mask
 from replay_exp.rollout.sampler import sample_cached
 from replay_exp.rollout.static import StaticSampler
@@ -82,12 +83,13 @@ class HFGenerator(Generator):
         rng = torch.Generator(device=device).manual_seed(seed)
         torch.manual_seed(seed)  # generate() draws from the global generator
         ids, logps = [], []
-        for i in range(0, prompt_ids_BxP.shape[0], self.chunk_size):
-            p_ids = prompt_ids_BxP[i : i + self.chunk_size].to(device)
-            p_mask = prompt_mask_BxP[i : i + self.chunk_size].to(device)
-            comp, logp = sample(p_ids, p_mask, params, rng)
-            ids.append(comp.cpu())
-            logps.append(logp.cpu())
+        with held_casts(self.model):  # bf16 compute: the weights cast once, not once a token
+            for i in range(0, prompt_ids_BxP.shape[0], self.chunk_size):
+                p_ids = prompt_ids_BxP[i : i + self.chunk_size].to(device)
+                p_mask = prompt_mask_BxP[i : i + self.chunk_size].to(device)
+                comp, logp = sample(p_ids, p_mask, params, rng)
+                ids.append(comp.cpu())
+                logps.append(logp.cpu())
         self.model.train(was_training)
         return self._generation(ids, logps)
 
