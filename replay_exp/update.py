@@ -1,12 +1,13 @@
 """One policy update on a batch of rollouts: forward, loss, backward, optimizer step.
 
 The loss is the one registered under ``algo.name`` (``replay_exp.algo.registry``, ``LOSSES``:
-grpo, cispo, gspo, m2po, topr, asymre; each module of ``replay_exp.algo`` registers its own),
+grpo, cispo, gspo, m2po, topr, sapo, gmpo, dppo, asymre; each module of ``replay_exp.algo``
+registers its own),
 called with its typed knobs: ``loss_knobs`` turns the ``algo`` node into the loss's schema
 instance, and a key the schema lacks or does not have is an error, never a silent default.
 What is not the loss's own is done here, the same way for every loss: the aggregation and
 micro-batching (below), the KL reference forward (``algo.kl_coef``), the stale-data masks
-(``algo.mask`` where the loss's schema is a ``MaskedAlgoConfig``: grpo, cispo, gspo;
+(``algo.mask`` where the loss's schema is a ``MaskedAlgoConfig``: all but m2po, topr, asymre;
 ``replay_exp.algo.masks``) and a loss's own whole-batch mask (M2PO's budget, its
 ``batch_keep``), decoupled PPO's proximal log-probs (``algo.proximal``, ``GrpoConfig``), the
 gradient clip and the diagnostics. docs/corrections.md has the rules and their sources.

@@ -32,6 +32,13 @@ CASES = {
     "recompute-micro": (["algo.proximal=recompute", "algo.micro_batch_size=5"],
                         "loss/tis_weight_mean"),
     "loglinear": (["algo.proximal=loglinear", "algo.tis_cap=2"], "loss/tis_weight_mean"),
+    "tis-geometric": (["algo.tis_cap=2", "algo.tis_level=geometric"], "loss/tis_weight_mean"),
+    "dual-clip": (["algo.clip_ratio_c=3"], "loss/dual_clip_frac"),
+    "sapo": (["algo=sapo"], "loss/gate_mean"),
+    "gmpo-dual-clip": (["algo=gmpo", "algo.clip_ratio_c=3"], "loss/dual_clip_frac"),
+    "dppo-micro": (["algo=dppo", "algo.dppo_kl_tau=1e-3", "algo.micro_batch_size=5"],
+                   "loss/tv_mean"),
+    "sample-std": (["algo.adv_std=sample", "algo.adv_eps=1e-4"], "loss/pg_loss"),
 }  # fmt: skip
 ASYNC = ["schedule=async", "schedule.gpus=null", "schedule.workers=1", "schedule.trainers=1",
          "checkpoint.every=0"]  # fmt: skip
@@ -76,6 +83,18 @@ def test_correction_runs_in_every_runtime(case, runtime, fast, tmp_path):
         assert r["diag/mismatch_kl"] == 0.0
     last = rows[-1]
     assert last["data/trained_count"] > 0 and "data/interval/trained_reward" in last
+
+
+def test_the_sample_std_reaches_the_stored_advantages(fast, tmp_path):
+    """algo.adv_std=sample divides by the larger sample std: the same first batch (same seed,
+    same rollouts) trains with advantages smaller by sqrt((G - 1) / G) wherever a group is
+    mixed, so the first step's loss differs, and the rewards do not."""
+    first = {}
+    for std in ("population", "sample"):
+        _, rows, _ = _run(fast, tmp_path / std, [f"algo.adv_std={std}", "schedule.max_steps=1"])
+        first[std] = next(r for r in rows if "loss/loss" in r)
+    assert first["population"]["data/trained_reward"] == first["sample"]["data/trained_reward"]
+    assert first["population"]["loss/pg_loss"] != first["sample"]["loss/pg_loss"]
 
 
 def test_loss_stats_of_a_correction_are_its_own(fast, tmp_path):

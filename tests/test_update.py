@@ -89,6 +89,10 @@ CASES = {
     "grpo-kl": dict(kl_coef=0.1),
     "asymre-kl-seq_mean": dict(name="asymre", kl_coef=0.1, loss_agg="seq_mean"),
     "grpo-tis-sequence": dict(tis_cap=1.0, tis_level="sequence"),
+    "grpo-tis-geometric-reweight": dict(tis_cap=1.0, tis_level="geometric",
+                                        tis_form="ratio_reweight"),
+    "grpo-dualc": dict(clip_ratio_c=1.1),
+    "gspo-dualc-seq_mean": dict(name="gspo", clip_ratio_c=1.05, loss_agg="seq_mean"),
     "grpo-tis-token-clip": dict(tis_cap=1.1, grad_clip=1e-3),
     # The stale-data corrections (docs/corrections.md): M2PO's budget is over the whole batch
     # (a no-grad forward of it first when micro-batched); the masks read their own rows.
@@ -104,6 +108,17 @@ CASES = {
                                   loss_agg="seq_mean"),
     "grpo-recompute": dict(proximal="recompute"),
     "grpo-loglinear-tis": dict(proximal="loglinear", tis_cap=1.1),
+    # SAPO, GMPO, DPPO (replay_exp/algo/sapo.py, gmpo.py, dppo.py): per token or per row, so
+    # the micro-batches need only their own rows
+    **{f"{name}-{agg}": dict(name=name, loss_agg=agg)
+       for name in ("sapo", "gmpo", "dppo") for agg in ("token_mean", "seq_mean")},
+    "gmpo-tight-seq_sum_norm": dict(name="gmpo", eps_low=0.05, eps_high=0.05,
+                                    loss_agg="seq_sum_norm"),
+    # the tiny model's probabilities are small, so |pi - mu| < 0.015: tight trust regions
+    "dppo-tight-seq_sum_norm": dict(name="dppo", dppo_delta_low=0.005, dppo_delta_high=0.005,
+                                    loss_agg="seq_sum_norm"),
+    "dppo-kl_tau-icepop": dict(name="dppo", dppo_delta_low=0.002, dppo_delta_high=0.002,
+                               dppo_kl_tau=1e-3, mask="icepop", mask_low=0.8, mask_high=1.25),
 }  # fmt: skip
 
 
@@ -134,10 +149,16 @@ def test_micro_batches_give_the_full_batch_gradient_and_stats(model, batch, case
         assert 0 < full["tis_capped_frac"] < 1 and full["tis_weight_min"] < 1
     if "clip" in case:  # grad_clip binds: grad_norm is the pre-clip norm, the same in both
         assert full["grad_norm"] > 1e-3
-    if kw.get("name", "grpo") == "grpo" and not {"proximal", "mask"} & set(kw):
-        assert (
-            full["clip_frac"] > 0
-        )  # (the clip of a proximal ratio or of a masked batch may not bind)
+    if "clip_ratio_c" in kw and kw.get("name", "grpo") == "grpo":
+        assert 0 < full["dual_clip_frac"] < 1
+    # (the clip of a proximal ratio, of pi / sg(pi) under truncated IS, or of a masked batch
+    # may not bind)
+    if kw.get("name", "grpo") == "grpo" and not (
+        {"proximal", "mask"} & set(kw) or kw.get("tis_cap") and "tis_form" not in kw
+    ):
+        assert full["clip_frac"] > 0
+    if kw.get("name") == "gmpo" or kw.get("dppo_delta_low", 0.2) < 0.2:  # their clip binds
+        assert full["clip_frac"] > 0
     if "mask" in kw or kw.get("name") == "m2po":  # the case exercises a mask that drops some
         assert 0 < full["masked_frac"] < 1
     if kw.get("proximal") == "recompute":

@@ -9,12 +9,13 @@ registers itself with no line here.
 import importlib
 import pkgutil
 
-from replay_exp.algo.advantages import group_advantages
+from replay_exp.algo.advantages import STD_MODES, group_advantages
 from replay_exp.algo.asymre import asymre_loss
 from replay_exp.algo.corrections import cispo_loss, gspo_loss, m2po_loss, topr_loss
 from replay_exp.algo.grpo import (
     AGG_MODES,
     PROXIMAL_MODES,
+    TIS_FORMS,
     TIS_LEVELS,
     agg_denominator,
     aggregate,
@@ -37,6 +38,8 @@ __all__ = [
     "LOSSES",
     "MASKS",
     "PROXIMAL_MODES",
+    "STD_MODES",
+    "TIS_FORMS",
     "TIS_LEVELS",
     "LossInputs",
     "agg_denominator",

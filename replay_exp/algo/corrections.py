@@ -29,6 +29,8 @@ from torch import Tensor
 from replay_exp.algo.grpo import (
     agg_denominator,
     aggregate,
+    check_dual_clip,
+    dual_clip,
     masked_mean,
     prepare,
     ratio_stats,
@@ -120,6 +122,7 @@ def gspo_loss(
     *,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
+    clip_ratio_c: float | None = None,
     agg: str = "token_mean",
     norm_len: int | None = None,
     kl_coef: float = 0.0,
@@ -134,11 +137,15 @@ def gspo_loss(
     with ``agg="seq_mean"`` this is GSPO's sequence objective and with ``token_mean`` it is
     GSPO-token with every token's ratio equal to ``s_i`` (a row of n_i tokens has n_i equal
     terms, whose gradients sum to ``s_i A_i sum_t grad log pi``). The paper's eps are small
-    (3e-4 / 4e-4): a length-normalised ratio moves far less than a token's.
+    (3e-4 / 4e-4): a length-normalised ratio moves far less than a token's. ``clip_ratio_c``:
+    the dual clip on the sequence ratio (``grpo.dual_clip``; a row with A < 0 and s > c gives
+    the constant ``c A``), as AReaL's ``c_clip`` with ``importance_sampling_level=sequence``;
+    verl's ``gspo`` loss has none.
 
     Extra stats: ``clip_frac`` (valid tokens whose row the clip zeroes: s < 1 - eps_low with
     A < 0, or s > 1 + eps_high with A > 0), ``seq_ratio_mean`` / ``seq_ratio_min`` /
-    ``seq_ratio_max`` over rows with a valid token (1.0 if none).
+    ``seq_ratio_max`` over rows with a valid token (1.0 if none), with the dual clip
+    ``dual_clip_frac`` (valid tokens whose row it binds).
     """
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip eps must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
@@ -149,7 +156,9 @@ def gspo_loss(
     n_Bx1 = mask_BxC.sum(dim=1, keepdim=True).clamp(min=1).float()
     s_Bx1 = torch.exp(log_ratio_BxC.sum(dim=1, keepdim=True) / n_Bx1)
     clipped_Bx1 = torch.clamp(s_Bx1, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
-    objective_BxC = torch.minimum(s_Bx1 * adv_Bx1, clipped_Bx1).expand_as(mask_BxC)
+    objective_Bx1 = torch.minimum(s_Bx1 * adv_Bx1, clipped_Bx1)
+    objective_Bx1, dual_Bx1 = dual_clip(objective_Bx1, s_Bx1, adv_Bx1, clip_ratio_c)
+    objective_BxC = objective_Bx1.expand_as(mask_BxC)
     with torch.no_grad():
         s = s_Bx1.detach()
         zeroed_Bx1 = ((s < 1.0 - eps_low) & (adv_Bx1 < 0)) | ((s > 1.0 + eps_high) & (adv_Bx1 > 0))
@@ -164,6 +173,8 @@ def gspo_loss(
             "seq_ratio_max": torch.where(rows_B.any(), torch.where(rows_B, s_B, -torch.inf).max(),
                                          one),
         }  # fmt: skip
+        if dual_Bx1 is not None:
+            extra["dual_clip_frac"] = masked_mean((dual_Bx1 & mask_BxC).float(), mask_BxC)
     return _finish(objective_BxC, logp_BxC, log_ratio_BxC, mask_BxC, agg, norm_len, kl_coef,
                    ref_logp_BxC, denom, extra)  # fmt: skip
 
@@ -281,11 +292,13 @@ def algo_cispo(x: LossInputs, algo: CispoConfig) -> tuple[Tensor, dict[str, floa
                       eps_low=algo.eps_low, eps_high=algo.eps_high, **x.common())  # fmt: skip
 
 
-@register_loss("gspo", schema=GspoConfig)
+@register_loss("gspo", schema=GspoConfig, check=check_dual_clip)
 def algo_gspo(x: LossInputs, algo: GspoConfig) -> tuple[Tensor, dict[str, float]]:
-    """``algo=gspo``: :func:`gspo_loss` on the tokens ``algo.mask`` keeps."""
+    """``algo=gspo``: :func:`gspo_loss` on the tokens ``algo.mask`` keeps, with the dual clip
+    (``algo.clip_ratio_c``)."""
     return gspo_loss(x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC,
-                     eps_low=algo.eps_low, eps_high=algo.eps_high, **x.common())  # fmt: skip
+                     eps_low=algo.eps_low, eps_high=algo.eps_high,
+                     clip_ratio_c=algo.clip_ratio_c, **x.common())  # fmt: skip
 
 
 def check_m2po(algo: M2poConfig) -> str | None:

@@ -28,33 +28,41 @@ Deviations from vanilla GRPO (DeepSeekMath, Shao et al. 2024):
    the micro-batch losses (and gradients) add up to the full-batch ones.
 7. A single gradient step per batch: no inner PPO epochs over the same batch (reuse comes from
    the buffer instead).
-8. Optional truncated importance sampling (TIS), off by default (``tis_cap=None``). With a cap
-   ``c > 0`` every token's clipped surrogate ``min(ratio * A, clip(ratio) * A)`` is multiplied
-   by a DETACHED weight ``w`` (a constant: the gradient of ``w * s`` is ``w * grad s``):
-   - ``tis_level="token"``: ``w_t = min(ratio_t, c)``, the token's own ratio
-     ``pi_theta / pi_behaviour``;
-   - ``tis_level="sequence"``: ``w = min(exp(sum_t log ratio_t), c)`` over the sequence's valid
-     tokens, the same weight for every token of the sequence (``exp`` may overflow to inf; the
-     cap then gives exactly ``c``; an underflow to 0 silences the sequence).
-   What it does: the clip only zeroes the gradient of tokens that moved in the direction of
-   their advantage; where it does not bind (``ratio > 1 + eps_high`` with A < 0, ``ratio < 1 -
-   eps_low`` with A > 0, or any ratio inside the clip range) the token's gradient is
-   ``ratio * A * grad log pi``. The token-level weight makes that ``min(ratio, c) * ratio * A``:
-   tokens the current policy has made less likely than the behaviour policy did (ratio < 1)
-   are damped further and no token is weighted more than ``c`` times. Note this is ON TOP of
-   the ratio already inside the surrogate (which is taken against the stored behaviour
-   log-prob), so it is a variance-reducing reweighting, not an unbiased correction. The
-   sequence-level weight instead corrects what the per-token ratio cannot: how much more or
-   less likely the WHOLE completion (hence every prefix a token is conditioned on) is under
-   the current policy than under the stale one that sampled it, truncated at ``c`` (biased
-   but bounded variance, as in truncated IS / V-trace).
+8. Optional truncated importance sampling (TIS), off by default (``tis_cap=None``), as the peers
+   define it (``tis_form="truncated_is"``; TRL ``vllm_importance_sampling_mode=token_truncate`` /
+   ``sequence_truncate``, verl ``rollout_correction.rollout_is=token`` / ``sequence``): with a
+   cap ``c > 0`` the surrogate's ratio is taken against pi_old, the weights this step starts
+   from, and multiplied by the DETACHED truncated weight of pi_old against the behaviour policy::
+
+       objective_t = w_t * min(u_t A, clip(u_t, 1 - eps_low, 1 + eps_high) A)
+       u_t = pi_theta / pi_old
+       w_t = min(pi_old / mu, c)                        (tis_level="token")
+       w   = min(exp(sum_t log(pi_old / mu)), c)        ("sequence": one weight per completion)
+       w   = min(exp(mean_t log(pi_old / mu)), c)       ("geometric": AReaL's sequence level)
+
+   One optimizer step per batch (item 7) makes pi_old the current weights at the forward, so
+   ``log pi_old = sg(log pi_theta)``: u = 1 in value (the clip never binds), no extra forward is
+   needed, and the gradient of a token is ``w_t A grad log pi_theta``: the importance-weighted
+   policy gradient, each weight truncated at c (biased, bounded variance, as in V-trace).
+   Worked example (1 token, r = pi_theta / mu = 0.5, A = +1, c = 2): w = 0.5, u = 1, loss
+   -0.5, d loss / d logp = -0.5, TRL's numbers. It equals ``proximal="recompute"`` (whose
+   extra forward computes the same pi_old) with the weight truncated.
+   ``tis_form="ratio_reweight"`` is the form this project shipped before: the clipped surrogate
+   of r = pi_theta / mu times ``min(r, c)``, so the ratio enters twice and a token's gradient
+   where the clip does not bind is ``min(r, c) * r * A`` (the example: -0.25, -0.25); a
+   variance-reducing reweighting, not an importance correction. verl's bypass mode leaves the
+   weight out under its ppo_clip loss to avoid exactly this double count.
    When to use it: heavily replayed, stale rollouts (large buffer capacity N, high reuse
-   y = B/R, infrequent weight sync), where ratios drift far from 1. ``tis_level="sequence"``
-   with ``c`` around 1-2 down-weights completions the policy has moved away from; the token
-   level is the milder option. With fresh on-policy rollouts every ratio is 1, so the weight
-   is exactly 1 and the loss equals the plain GRPO loss. Stats ``tis_weight_mean`` /
-   ``tis_weight_min`` / ``tis_weight_max`` and ``tis_capped_frac`` (valid tokens whose weight
-   was truncated at ``c``) are added when it is on.
+   y = B/R, infrequent weight sync), where ratios drift far from 1; with fresh on-policy
+   rollouts every weight is 1 and the loss equals the plain GRPO loss (clip included, since
+   then mu = pi_old). Stats ``tis_weight_mean`` / ``tis_weight_min`` / ``tis_weight_max`` and
+   ``tis_capped_frac`` (valid tokens whose weight was truncated at ``c``) are added when it is
+   on.
+9. Optional dual clip (``clip_ratio_c=None``: off; Ye et al. 2020, arXiv 1912.09729; verl's
+   ``clip_ratio_c``, AReaL's ``c_clip``, TRL's ``delta``): a token with A < 0 contributes at
+   most ``c |A|`` to the loss, ``objective = max(min(u A, clip(u) A), c A)``. Without it a ratio
+   blown up on a bad token keeps the unbounded gradient ``u |A|`` (1 token, A = -1, u = e^2,
+   c = 3: loss 3.0 and gradient 0 instead of 7.389 and 7.389). Stat ``dual_clip_frac``.
 
 Everything here is a pure function: tensors in, ``(loss, detached stats)`` out; no config reads.
 Padding (``mask False``) may hold arbitrary garbage (0, -inf, nan); it is replaced before any
@@ -70,10 +78,11 @@ import torch
 from torch import Tensor
 
 from replay_exp.algo.registry import LossInputs, register_loss
-from replay_exp.config.schemas import GrpoConfig
+from replay_exp.config.schemas import DualClipAlgoConfig, GrpoConfig
 
 AGG_MODES = ("token_mean", "seq_mean", "seq_sum_norm")
-TIS_LEVELS = ("token", "sequence")
+TIS_LEVELS = ("token", "sequence", "geometric")
+TIS_FORMS = ("truncated_is", "ratio_reweight")
 
 _ENTROPY_CHUNK_ROWS = 8  # rows of (C, V) processed at once by the no-grad entropy
 
@@ -187,9 +196,10 @@ def tis_weight(
     """Detached truncated importance weight (module docstring, item 8) and where it truncated.
 
     ``log_ratio_BxC`` is ``log pi_theta - log pi_behaviour`` per token. Returns ``(w_BxC,
-    truncated_BxC)``: ``w = min(ratio_t, cap)`` (``level="token"``) or ``min(exp(sum of the
-    row's valid log-ratios), cap)`` broadcast over the row (``level="sequence"``), and a bool
-    tensor, True where the untruncated weight exceeded ``cap``. Padding positions are never
+    truncated_BxC)``: ``w = min(ratio_t, cap)`` (``level="token"``), ``min(exp(sum of the
+    row's valid log-ratios), cap)`` broadcast over the row (``level="sequence"``) or the same
+    with their mean (``"geometric"``), and a bool tensor, True where the untruncated weight
+    exceeded ``cap``. Padding positions are never
     read; their weight is meaningless (the aggregation masks them).
     """
     if not cap > 0:
@@ -200,8 +210,11 @@ def tis_weight(
         mask_BxC = mask_BxC.bool()
         zero = torch.zeros((), dtype=torch.float32, device=log_ratio_BxC.device)
         log_ratio_BxC = torch.where(mask_BxC, log_ratio_BxC.detach().float(), zero)
-        if level == "sequence":
-            log_ratio_BxC = log_ratio_BxC.sum(dim=1, keepdim=True).expand_as(mask_BxC)
+        if level != "token":
+            log_w_Bx1 = log_ratio_BxC.sum(dim=1, keepdim=True)
+            if level == "geometric":
+                log_w_Bx1 = log_w_Bx1 / mask_BxC.sum(dim=1, keepdim=True).clamp(min=1)
+            log_ratio_BxC = log_w_Bx1.expand_as(mask_BxC)
         raw_BxC = torch.exp(log_ratio_BxC)
         return raw_BxC.clamp(max=cap), raw_BxC > cap
 
@@ -329,6 +342,8 @@ def grpo_loss(
     ref_logp_BxC: Tensor | None = None,
     tis_cap: float | None = None,
     tis_level: str = "token",
+    tis_form: str = "truncated_is",
+    clip_ratio_c: float | None = None,
     prox_logp_BxC: Tensor | None = None,
     denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -338,8 +353,12 @@ def grpo_loss(
     ``w * min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and
     ``loss = -aggregate(objective) + kl_coef * aggregate(k3)`` with
     ``k3 = exp(ref - logp) - (ref - logp) - 1`` (only when ``kl_coef > 0``). ``w`` is 1 unless
-    ``tis_cap`` is set; then it is the detached truncated importance weight of ``tis_weight``
-    (``tis_level`` "token" or "sequence"; module docstring, item 8).
+    ``tis_cap`` is set; then (module docstring, item 8) it is the detached truncated weight of
+    ``tis_weight`` (``tis_level`` "token", "sequence" or "geometric") and, with
+    ``tis_form="truncated_is"`` (the default), the clip's ratio is taken against
+    ``pi_old = sg(pi_theta)`` instead of ``mu`` (so it is 1 in value); ``"ratio_reweight"``
+    keeps it against ``mu``. ``clip_ratio_c``: dual clip (item 9), A < 0 tokens' objective is
+    at least ``c A``.
 
     Decoupled PPO (``prox_logp_BxC`` given; Hilton et al. 2022, "Batch size-invariance for
     policy optimization"; AReaL's decoupled loss): the clip is taken against the proximal
@@ -364,7 +383,8 @@ def grpo_loss(
     k3 estimate of KL(behaviour || current)), when ``kl_coef > 0``, ``kl_ref`` (the aggregated
     k3 term, so loss = pg_loss + kl_coef * kl_ref) and, when ``tis_cap`` is set or under
     decoupled PPO, ``tis_weight_mean`` / ``tis_weight_min`` / ``tis_weight_max`` and
-    ``tis_capped_frac`` (valid tokens whose weight was truncated at the cap).
+    ``tis_capped_frac`` (valid tokens whose weight was truncated at the cap), and with the dual
+    clip ``dual_clip_frac`` (valid tokens with A < 0 whose ratio exceeded ``clip_ratio_c``).
     """
     if eps_low < 0 or eps_high < 0:
         raise ValueError(f"clip eps must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
@@ -372,6 +392,10 @@ def grpo_loss(
         raise ValueError(f"unknown tis level {tis_level!r}; valid levels are {TIS_LEVELS}")
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"tis cap must be > 0, got {tis_cap}")
+    if tis_form not in TIS_FORMS:
+        raise ValueError(f"unknown tis form {tis_form!r}; valid forms are {TIS_FORMS}")
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"dual clip needs clip_ratio_c > 1, got {clip_ratio_c}")
     if prox_logp_BxC is not None and prox_logp_BxC.shape != logp_BxC.shape:
         raise ValueError(
             f"shape mismatch: logp {tuple(logp_BxC.shape)}, prox_logp {tuple(prox_logp_BxC.shape)}"
@@ -383,8 +407,10 @@ def grpo_loss(
     weighted = tis_cap is not None or prox_logp_BxC is not None
     if prox_logp_BxC is None:
         anchor_BxC = behaviour_BxC
-        if tis_cap is not None:
+        if tis_cap is not None:  # w = min(pi_old / mu, c) with pi_old = sg(pi_theta)
             w_BxC, trunc_BxC = tis_weight(log_ratio_BxC, mask_BxC, tis_cap, tis_level)
+            if tis_form == "truncated_is":  # the clip against pi_old: u = 1 in value
+                anchor_BxC = logp_BxC.detach()
     else:
         zero = torch.zeros((), dtype=torch.float32, device=logp_BxC.device)
         anchor_BxC = torch.where(mask_BxC, prox_logp_BxC.detach().float(), zero)
@@ -394,6 +420,7 @@ def grpo_loss(
     unclipped_BxC = clip_ratio_BxC * adv_Bx1
     clipped_BxC = torch.clamp(clip_ratio_BxC, 1.0 - eps_low, 1.0 + eps_high) * adv_Bx1
     objective_BxC = torch.minimum(unclipped_BxC, clipped_BxC)
+    objective_BxC, dual_BxC = dual_clip(objective_BxC, clip_ratio_BxC, adv_Bx1, clip_ratio_c)
     if weighted:
         objective_BxC = objective_BxC * w_BxC
     pg_loss = -aggregate(objective_BxC, mask_BxC, agg, norm_len, denom)
@@ -411,11 +438,28 @@ def grpo_loss(
             "clip_frac_high": masked_mean(high_BxC.float(), mask_BxC),
             **ratio_stats(log_ratio_BxC, mask_BxC),
         }
+        if dual_BxC is not None:
+            values["dual_clip_frac"] = masked_mean(dual_BxC.float(), mask_BxC)
         if kl_ref is not None:
             values["kl_ref"] = kl_ref.detach()
         if weighted:
             values.update(weight_stats(w_BxC, trunc_BxC, mask_BxC))
     return loss, stats_to_floats(values)
+
+
+def dual_clip(
+    objective: Tensor, ratio: Tensor, adv: Tensor, clip_ratio_c: float | None
+) -> tuple[Tensor, Tensor | None]:
+    """Dual-clip PPO (module docstring, item 9) on a clipped objective ``min(u A, clip(u) A)``
+    of the ratio ``u`` (shapes broadcast: per token, or per row for GSPO): where A < 0 the
+    objective becomes ``max(objective, c A)``. Returns it and where the dual clip binds (A < 0
+    and u > c: there ``min(u A, clip(u) A) = A max(u, 1 - eps_low) < c A``, and the term is
+    the constant ``c A``); ``(objective, None)`` unchanged when ``clip_ratio_c`` is None."""
+    if clip_ratio_c is None:
+        return objective, None
+    negative = adv < 0
+    bound = negative & (ratio.detach() > clip_ratio_c)
+    return torch.where(negative, torch.maximum(objective, clip_ratio_c * adv), objective), bound
 
 
 def with_kl_penalty(
@@ -474,17 +518,33 @@ def check_grpo(algo: GrpoConfig) -> str | None:
         return f"algo.tis_level={algo.tis_level} is unknown; choose one of {sorted(TIS_LEVELS)}"
     if algo.tis_cap is not None and not algo.tis_cap > 0:
         return f"algo.tis_cap={algo.tis_cap} must be > 0 (or null for no truncated IS)"
+    if algo.tis_form not in TIS_FORMS:
+        return f"algo.tis_form={algo.tis_form} is unknown; choose one of {list(TIS_FORMS)}"
     if algo.proximal not in PROXIMAL_MODES:
         return f"algo.proximal={algo.proximal} is unknown; choose one of {list(PROXIMAL_MODES)}"
+    if algo.tis_form == "ratio_reweight" and algo.proximal != "none":
+        return (
+            f"algo.tis_form=ratio_reweight weights the ratio against mu, which "
+            f"algo.proximal={algo.proximal} replaces; use algo.tis_form=truncated_is"
+        )
+    return check_dual_clip(algo)
+
+
+def check_dual_clip(algo: DualClipAlgoConfig) -> str | None:
+    """``algo.clip_ratio_c`` is null or > 1 (below 1 it would cap a ratio the clip keeps)."""
+    if algo.clip_ratio_c is not None and not algo.clip_ratio_c > 1:
+        return f"algo.clip_ratio_c={algo.clip_ratio_c} must be > 1 (or null for no dual clip)"
     return None
 
 
 @register_loss("grpo", schema=GrpoConfig, check=check_grpo)
 def algo_grpo(x: LossInputs, algo: GrpoConfig) -> tuple[Tensor, dict[str, float]]:
-    """``algo=grpo``: :func:`grpo_loss` with truncated IS (``algo.tis_cap`` / ``tis_level``) and,
-    under decoupled PPO (``algo.proximal``), the proximal log-probs the update computed."""
+    """``algo=grpo``: :func:`grpo_loss` with truncated IS (``algo.tis_cap`` / ``tis_level`` /
+    ``tis_form``), the dual clip (``algo.clip_ratio_c``) and, under decoupled PPO
+    (``algo.proximal``), the proximal log-probs the update computed."""
     return grpo_loss(
         x.logp_BxC, x.behaviour_logp_BxC, x.advantage_B, x.mask_BxC, eps_low=algo.eps_low,
         eps_high=algo.eps_high, tis_cap=algo.tis_cap, tis_level=algo.tis_level,
-        prox_logp_BxC=x.prox_logp_BxC, **x.common(),
+        tis_form=algo.tis_form, clip_ratio_c=algo.clip_ratio_c, prox_logp_BxC=x.prox_logp_BxC,
+        **x.common(),
     )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from replay_exp.algo import AGG_MODES, LOSSES, MASKS, loss_knobs
+from replay_exp.algo import AGG_MODES, LOSSES, MASKS, STD_MODES, loss_knobs
 from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
@@ -252,6 +252,10 @@ def check_algo(cfg: DictConfig) -> None:
         positive("algo.micro_batch_size", a.micro_batch_size)
     if a.loss_agg not in AGG_MODES:
         fail(f"algo.loss_agg={a.loss_agg} is unknown; choose one of {sorted(AGG_MODES)}")
+    if a.adv_std not in STD_MODES:
+        fail(f"algo.adv_std={a.adv_std} is unknown; choose one of {list(STD_MODES)}")
+    if not a.adv_eps > 0:
+        fail(f"algo.adv_eps={a.adv_eps} must be > 0 (an all-equal group's std is 0)")
     if spec.weight_clip:  # a weight clipped at 1 - eps_low: 1 is no lower bound (CISPO's)
         if not 0 <= a.eps_low <= 1:
             fail(f"algo.eps_low={a.eps_low} must be in [0, 1] for algo={a.name}")

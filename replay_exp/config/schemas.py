@@ -231,6 +231,8 @@ class AlgoConfig:
     kl_coef: float = MISSING
     loss_agg: str = MISSING
     adv_normalize_std: bool = MISSING
+    adv_std: str = MISSING  # population (ddof 0) | sample (ddof 1: verl, TRL)
+    adv_eps: float = MISSING  # A = (r - mean) / (std + adv_eps)
     lr: float = MISSING
     betas: list[float] = MISSING
     weight_decay: float = MISSING
@@ -251,12 +253,20 @@ class MaskedAlgoConfig(AlgoConfig):
 
 
 @dataclass
-class GrpoConfig(MaskedAlgoConfig):
+class DualClipAlgoConfig(MaskedAlgoConfig):
+    """The losses with a PPO clip, which take dual-clip PPO (``conf/algo/_dual_clip.yaml``)."""
+
+    clip_ratio_c: float | None = MISSING  # A < 0: the loss is capped at c |A|; null = off
+
+
+@dataclass
+class GrpoConfig(DualClipAlgoConfig):
     """``algo=grpo`` (replay_exp/algo/grpo.py): truncated IS and decoupled PPO (a loss whose
     schema subclasses this one gets ``algo.proximal``'s proximal log-probs from the update)."""
 
     tis_cap: float | None = MISSING  # truncated IS weight cap c; null = off
-    tis_level: str = MISSING  # token | sequence
+    tis_level: str = MISSING  # token | sequence | geometric
+    tis_form: str = MISSING  # truncated_is (the peers') | ratio_reweight (the ratio twice)
     proximal: str = MISSING  # decoupled PPO's proximal policy: none | recompute | loglinear
 
 
@@ -266,7 +276,7 @@ class CispoConfig(MaskedAlgoConfig):
 
 
 @dataclass
-class GspoConfig(MaskedAlgoConfig):
+class GspoConfig(DualClipAlgoConfig):
     """``algo=gspo`` (replay_exp/algo/corrections.py)."""
 
 
@@ -289,6 +299,28 @@ class AsymreConfig(AlgoConfig):
     """``algo=asymre`` (replay_exp/algo/asymre.py)."""
 
     asymre_dv: float = MISSING  # baseline shift dV in (r - (V_hat + dV)) * log pi
+
+
+@dataclass
+class SapoConfig(MaskedAlgoConfig):
+    """``algo=sapo`` (replay_exp/algo/sapo.py)."""
+
+    sapo_tau_pos: float = MISSING  # gate temperature of the tokens with A > 0
+    sapo_tau_neg: float = MISSING  # gate temperature of the tokens with A <= 0
+
+
+@dataclass
+class GmpoConfig(DualClipAlgoConfig):
+    """``algo=gmpo`` (replay_exp/algo/gmpo.py): eps_low / eps_high clip log r (log space)."""
+
+
+@dataclass
+class DppoConfig(MaskedAlgoConfig):
+    """``algo=dppo`` (replay_exp/algo/dppo.py)."""
+
+    dppo_delta_low: float = MISSING  # A < 0: drop a token whose pi - mu < -delta_low
+    dppo_delta_high: float = MISSING  # A > 0: drop a token whose pi - mu > delta_high
+    dppo_kl_tau: float = MISSING  # weight of the (log r)^2 term (prime-rl's kl_tau)
 
 
 # --- generation -------------------------------------------------------------------------------
@@ -465,6 +497,9 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "m2po": M2poConfig,
         "topr": ToprConfig,
         "asymre": AsymreConfig,
+        "sapo": SapoConfig,
+        "gmpo": GmpoConfig,
+        "dppo": DppoConfig,
     },
     "generation": {"hf": HFGenerationConfig, "vllm": VLLMGenerationConfig},
     "eval": {"default": EvalConfig},

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -77,11 +79,13 @@ def generate_rollouts(
     step: int,
     first_uid: int,
     first_group: int,
-    normalize_std: bool = True,
+    advantage: Mapping[str, Any] | None = None,
     chat: bool = False,
 ) -> RolloutBatch:
     """G samples for each problem (rows grouped contiguously), rewards, and advantages
-    computed now and frozen with the rollouts (``chat``: prompts in the chat template)."""
+    computed now and frozen with the rollouts (``advantage``: the keyword arguments of
+    :func:`~replay_exp.algo.group_advantages`, its defaults if None; ``chat``: prompts in the
+    chat template)."""
     repeated = [p for p in problems for _ in range(group_size)]
     ids_BxP, mask_BxP = tokenize_prompts(tokenizer, [p.prompt for p in problems], chat)
     ids_BxP, mask_BxP = (t.repeat_interleave(group_size, dim=0) for t in (ids_BxP, mask_BxP))
@@ -96,7 +100,7 @@ def generate_rollouts(
         completion_mask_BxC=gen.completion_mask_BxC,
         behaviour_logp_BxC=gen.behaviour_logp_BxC,
         reward_B=reward_B,
-        advantage_B=group_advantages(reward_B, group_size, normalize_std=normalize_std),
+        advantage_B=group_advantages(reward_B, group_size, **(advantage or {})),
         version_B=torch.full((B,), gen.version, dtype=torch.long),
         created_step_B=torch.full((B,), step, dtype=torch.long),
         group_id_B=first_group + torch.arange(B) // group_size,

@@ -124,7 +124,8 @@ def generate_groups(
         engine, built.tokenizer, built.task, prompts, a.group_size, decoding,
         seed=derive_seed(cfg.seed, stream + "gen", *seed_tags), step=version,
         first_uid=first_group * a.group_size, first_group=first_group,
-        normalize_std=a.adv_normalize_std, chat=built.chat,
+        advantage=dict(normalize_std=a.adv_normalize_std, std=a.adv_std, eps=a.adv_eps),
+        chat=built.chat,
     )  # fmt: skip
     stats = {}
     if g.behaviour_logp == "trainer" or g.store_trainer_logp:  # the generating weights'

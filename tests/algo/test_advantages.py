@@ -26,6 +26,20 @@ def test_population_std_not_sample_std():
     torch.testing.assert_close(adv, torch.tensor([s3, -1 / s3, -1 / s3, -1 / s3]))
 
 
+def test_sample_std_with_trls_eps():
+    # std="sample" (verl's torch.std, TRL's nanstd): the same group [1,0,0,0], ddof 1 ->
+    # var 0.75 / 3 = 0.25, std 0.5; TRL's eps 1e-4: A = [0.75 / 0.5001, -0.25 / 0.5001 x3] =
+    # [1.4997001, -0.4999000 x3]. An all-equal group stays exactly 0, and a group of one (no
+    # sample std) is all-equal too: 0, not nan.
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    adv = group_advantages(r, group_size=4, eps=1e-4, std="sample")
+    b = -0.25 / 0.5001
+    torch.testing.assert_close(adv, torch.tensor([0.75 / 0.5001, b, b, b, 0, 0, 0, 0]))
+    assert torch.equal(group_advantages(torch.tensor([1.0, 0.0]), 1, std="sample"), torch.zeros(2))
+    with pytest.raises(ValueError, match="unknown std 'ddof1'"):
+        group_advantages(r, 4, std="ddof1")
+
+
 def test_no_std_normalisation_is_just_centring():
     # [1,0,0,0] and [2,2,4,0], G=4: means 0.25 and 2 -> [0.75,-0.25,-0.25,-0.25], [0,0,2,-2]
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 4.0, 0.0])

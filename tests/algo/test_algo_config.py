@@ -22,7 +22,7 @@ BAD_ALGO = [
     (
         ["algo.name=ppo"],
         "algo.name=ppo is unknown; choose one of "
-        "['asymre', 'cispo', 'grpo', 'gspo', 'm2po', 'topr']",
+        "['asymre', 'cispo', 'dppo', 'gmpo', 'grpo', 'gspo', 'm2po', 'sapo', 'topr']",
     ),
     (
         ["algo.mask=tis"],
@@ -49,7 +49,29 @@ BAD_ALGO = [
     (["algo=topr", "algo.topr_baseline=inf"], "algo.topr_baseline=inf must be finite"),
     (["algo.tis_cap=0"], "algo.tis_cap=0.0 must be > 0 (or null for no truncated IS)"),
     (["algo.tis_cap=-1.5"], "algo.tis_cap=-1.5 must be > 0 (or null for no truncated IS)"),
-    (["algo.tis_level=seq"], "algo.tis_level=seq is unknown; choose one of ['sequence', 'token']"),
+    (
+        ["algo.tis_level=seq"],
+        "algo.tis_level=seq is unknown; choose one of ['geometric', 'sequence', 'token']",
+    ),
+    (
+        ["algo.tis_form=double"],
+        "algo.tis_form=double is unknown; choose one of ['truncated_is', 'ratio_reweight']",
+    ),
+    (
+        ["algo.tis_cap=2", "algo.tis_form=ratio_reweight", "algo.proximal=loglinear"],
+        "algo.tis_form=ratio_reweight weights the ratio against mu, which "
+        "algo.proximal=loglinear replaces; use algo.tis_form=truncated_is",
+    ),
+    (["algo.clip_ratio_c=1"], "algo.clip_ratio_c=1.0 must be > 1 (or null for no dual clip)"),
+    (
+        ["algo=gspo", "algo.clip_ratio_c=0.5"],
+        "algo.clip_ratio_c=0.5 must be > 1 (or null for no dual clip)",
+    ),
+    (
+        ["algo.adv_std=ddof1"],
+        "algo.adv_std=ddof1 is unknown; choose one of ['population', 'sample']",
+    ),
+    (["algo.adv_eps=0"], "algo.adv_eps=0.0 must be > 0 (an all-equal group's std is 0)"),
     (
         ["algo=asymre", "algo.adv_normalize_std=true"],
         "algo.name=asymre needs algo.adv_normalize_std=false (V_hat = r - advantage)",
@@ -73,6 +95,10 @@ def test_bad_algo_config(overrides, message, tmp_path, monkeypatch):
         ["algo=asymre", "algo.kl_coef=0.05", "algo.asymre_dv=0"],  # KL allowed with AsymRE
         ["algo.tis_cap=2", "algo.tis_level=sequence"],
         ["algo.tis_cap=1.5"],
+        ["algo.tis_cap=1.5", "algo.tis_form=ratio_reweight", "algo.tis_level=geometric"],
+        ["algo.clip_ratio_c=3", "algo.proximal=recompute"],
+        ["algo=gspo", "algo.clip_ratio_c=3"],
+        ["algo.adv_std=sample", "algo.adv_eps=1e-4"],
         ["algo=cispo", "algo.mask=icepop"],
         ["algo=gspo", "algo.mask=seq_mis"],
         ["algo.mask=geometric", "algo.proximal=loglinear", "algo.tis_cap=2"],
@@ -97,7 +123,8 @@ def test_asymre_and_grpo_share_their_base_and_own_their_knobs():
     assert {k for k in shared if g[k] != a[k]} == {"name", "adv_normalize_std"}
     masks = {"mask", "mask_low", "mask_high", "mask_geo_delta", "mask_opsm_delta"}
     assert set(a) - shared == {"asymre_dv"}
-    assert set(g) - shared == {"tis_cap", "tis_level", "proximal", *masks}
+    assert set(g) - shared == {"tis_cap", "tis_level", "tis_form", "proximal", "clip_ratio_c",
+                               *masks}  # fmt: skip
     with pytest.raises(ConfigCompositionException, match="tis_cap"):
         compose(["algo=asymre", "algo.tis_cap=2"])  # no importance ratio, so no TIS
     # Each correction owns its knobs: a mask on a loss it does not apply to is refused.
@@ -105,8 +132,8 @@ def test_asymre_and_grpo_share_their_base_and_own_their_knobs():
                         ("asymre", "mask"), ("grpo", "m2_threshold")]:  # fmt: skip
         with pytest.raises(ConfigCompositionException, match=key):
             compose([f"algo={option}", f"algo.{key}=none"])
-    for option, own in [("cispo", masks), ("gspo", masks), ("m2po", {"m2_threshold"}),
-                        ("topr", {"topr_baseline"})]:  # fmt: skip
+    for option, own in [("cispo", masks), ("gspo", {*masks, "clip_ratio_c"}),
+                        ("m2po", {"m2_threshold"}), ("topr", {"topr_baseline"})]:  # fmt: skip
         c = resolve(compose([f"algo={option}"]))[0].algo
         assert set(c) - set(a) == own and c.name == option
 
