@@ -26,6 +26,9 @@ from replay_exp.algo import (
     m2po_loss,
     topr_loss,
 )
+from replay_exp.algo.dppo import dppo_loss
+from replay_exp.algo.gmpo import gmpo_loss
+from replay_exp.algo.sapo import sapo_loss
 
 E = math.exp
 NAN, INF = math.nan, math.inf
@@ -471,6 +474,9 @@ KL_CASES = {
     "gspo": (gspo_loss, {"eps_low": 0.05, "eps_high": 0.05}),
     "topr": (topr_loss, {}),
     "m2po": (m2po_loss, {"threshold": 1e6}),  # keeps every token
+    "sapo": (sapo_loss, {}),
+    "gmpo": (gmpo_loss, {}),
+    "dppo": (dppo_loss, {}),
 }
 
 
@@ -514,13 +520,13 @@ def test_m2po_kl_penalty_leaves_with_the_dropped_tokens():
 
 def test_kl_without_ref_raises_for_every_loss():
     logp, beh, adv, mask = _stale_batch()
-    for fn in (cispo_loss, gspo_loss, topr_loss, m2po_loss):
+    for fn in (cispo_loss, gspo_loss, topr_loss, m2po_loss, sapo_loss, gmpo_loss, dppo_loss):
         with pytest.raises(ValueError, match="ref_logp"):
             fn(logp, beh, adv, mask, kl_coef=0.1)
 
 
 def test_behaviour_reward_and_advantage_get_no_gradient():
-    for fn in (cispo_loss, gspo_loss, topr_loss, m2po_loss):
+    for fn in (cispo_loss, gspo_loss, topr_loss, m2po_loss, sapo_loss, gmpo_loss, dppo_loss):
         logp = torch.tensor([[-0.9, -1.2]], requires_grad=True)
         beh = torch.tensor([[-1.0, -1.0]], requires_grad=True)
         adv = torch.tensor([1.0], requires_grad=True)

@@ -32,7 +32,6 @@ from replay_exp.algo import (
     LossInputs,
     agg_denominator,
     grpo_loss,
-    kl_k3,
     loss_knobs,
 )
 from replay_exp.algo.sapo import sapo_loss
@@ -195,20 +194,8 @@ def test_an_overflowing_ratio_gives_a_zero_gradient_not_nan():
         assert stats["gate_weight_min"] == 0.0
 
 
-def test_kl_penalty_is_grpos_k3_term():
-    # ref = logp except row 0 t0, where ref = logp - ln 2: k3 = 0.5 + ln 2 - 1 = 0.193147 there,
-    # so the loss gains 0.1 * a_0 * 0.193147 (token_mean over 6 tokens: a_0 = 1/6)
-    logp, beh, adv, mask = _stale_batch()
-    ref = torch.where(mask, logp, torch.full_like(logp, NAN))
-    ref[0, 0] = logp[0, 0] - math.log(2)
-    base, _, _ = _run(sapo_loss, logp, beh, adv, mask)
-    with_kl, _, stats = _run(sapo_loss, logp, beh, adv, mask, kl_coef=0.1, ref_logp_BxC=ref)
-    k3 = 0.5 + math.log(2) - 1
-    assert stats["kl_ref"] == pytest.approx(k3 / 6, abs=1e-6)
-    assert stats["kl_ref"] == pytest.approx(kl_k3(logp, ref, mask).item(), abs=1e-7)
-    torch.testing.assert_close(with_kl - base, torch.tensor(0.1 * k3 / 6))
-    with pytest.raises(ValueError, match="ref_logp"):
-        sapo_loss(logp, beh, adv, mask, kl_coef=0.1)
+# The k3 KL term (every aggregation, its gradient) and its ref_logp guard: test_corrections.py's
+# KL tests, parametrized over every loss.
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)
