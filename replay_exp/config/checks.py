@@ -18,6 +18,7 @@ from replay_exp.buffer import BUFFERS, check_buffer_config
 from replay_exp.config.errors import fail, positive
 from replay_exp.config.schemas import EVAL_UNITS, NAME_KEYS, OPTION_SCHEMAS
 from replay_exp.control import KNOBS, POLICIES
+from replay_exp.control.lr import LR_RULES
 from replay_exp.control.model import noise_path
 from replay_exp.models.precision import DTYPES
 from replay_exp.models.tiny import ARCHS
@@ -428,6 +429,9 @@ def check_controller(cfg: DictConfig) -> None:
     g = c.guard
     if not 0 < c.lr_min_scale <= 1:
         fail(f"controller.lr_min_scale={c.lr_min_scale:g} must be in (0, 1]")
+    if c.lr_rule not in LR_RULES:
+        fail(f"controller.lr_rule={c.lr_rule} is unknown; choose one of {list(LR_RULES)}")
+    positive("controller.lr_lag_scale", c.lr_lag_scale)
     for key in ("kl_max", "clip_max", "ess_min", "calm"):
         positive(f"controller.guard.{key}", g[key])
     if not (g.ess_min < 1 and g.calm < 1 and g.clip_max <= 1):
@@ -449,6 +453,10 @@ def check_controller(cfg: DictConfig) -> None:
                  "measure one with python -m replay_exp.theory.measure)")  # fmt: skip
         positive("controller.model.min_aged_rows", m.min_aged_rows)
         positive("controller.model.bootstrap", m.bootstrap)
+        if m.min_gain is not None and not 0 <= m.min_gain < 1:
+            fail(f"controller.model.min_gain={m.min_gain:g} must be in [0, 1) (a relative "
+                 "gain; null: no margin)")  # fmt: skip
+        positive("controller.model.persist", m.persist)
 
 
 # The checks of check_values, one per group, in the order they run.

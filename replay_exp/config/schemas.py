@@ -419,6 +419,8 @@ class ModelPolicyConfig:
     noise: str = MISSING  # a theory.measure output with rho(delta)
     min_aged_rows: int = MISSING  # rows of age >= 1 a window needs to estimate alpha
     bootstrap: int = MISSING  # resamples of alpha's interval
+    min_gain: float | None = MISSING  # hysteresis: a move's least predicted gain; null: none
+    persist: int = MISSING  # hysteresis: decisions in a row a target must be named
 
 
 @dataclass
@@ -431,7 +433,9 @@ class AdaptiveControllerConfig(ControllerConfig):
     max_capacity: int | None = MISSING  # N's ceiling; null: every rollout the budget makes
     reuse_growth: float = MISSING  # a rung divides R by this ...
     capacity_growth: float = MISSING  # ... and multiplies N by this
-    lr_min_scale: float = MISSING  # the lr knob: lr x clamp(ESS, lr_min_scale, 1)
+    lr_rule: str = MISSING  # the lr knob's rule: ess | lag (control.lr)
+    lr_lag_scale: float = MISSING  # lr_rule=lag: S_half, the lag that halves the lr's square
+    lr_min_scale: float = MISSING  # the lr knob: lr x clamp(rule's scale, lr_min_scale, 1)
     guard: GuardConfig = field(default_factory=GuardConfig)
     model: ModelPolicyConfig = field(default_factory=ModelPolicyConfig)
 

@@ -32,7 +32,9 @@ import torch
 from replay_exp.config.seeding import derive_seed
 from replay_exp.control import guard
 from replay_exp.control import model as model_policy
+from replay_exp.control.hysteresis import HysteresisState, gate
 from replay_exp.control.ladder import Knobs, Ladder
+from replay_exp.control.lr import lr_scale
 from replay_exp.control.signals import Window
 from replay_exp.theory.design import units_per_step
 
@@ -65,6 +67,7 @@ class Controller:
         self.moves = {"up": 0, "down": 0}  # decisions that moved to more / less reuse
         self.window = Window()
         self.guard = guard.GuardState()
+        self.hysteresis = HysteresisState()
         self.apply()
 
     # -- arrivals (the in-process runtime's schedule) -----------------------------------------
@@ -100,7 +103,9 @@ class Controller:
             (N, R), reason, inputs = self._model_decision(version, led, summary)
             # the rung of a design on the ladder; None: the model jumped off it
             self.rung = self.ladder.rungs.index((R, N)) if (R, N) in self.ladder.rungs else None
-        lr = guard.lr_scale(summary["ess"], self.c.lr_min_scale) if "lr" in self.c.knobs else 1.0
+        c = self.c
+        lr = (lr_scale(c.lr_rule, summary["ess"], summary["lag"], c.lr_min_scale, c.lr_lag_scale)
+              if "lr" in c.knobs else 1.0)  # fmt: skip
         self.knobs = Knobs(R, N, lr)
         self.apply()
         self.decisions += 1
@@ -160,7 +165,7 @@ class Controller:
             "rollouts_per_step": float(R), "reuse_ratio": self.B / R, "capacity": float(N),
             "horizon": N / R, "lr_scale": self.knobs.lr_scale,
             "decisions": float(self.decisions), "moves_up": float(self.moves["up"]),
-            "moves_down": float(self.moves["down"]),
+            "moves_down": float(self.moves["down"]), "held": float(self.hysteresis.held),
             # rungs above the start (0: the config's own design); NaN: off the ladder
             "rung": math.nan if self.rung is None else float(self.rung - self.ladder.start),
         }  # fmt: skip
@@ -171,7 +176,8 @@ class Controller:
         alpha, lo, hi, aged = model_policy.estimate_alpha(self.window.rows, rng, m.bootstrap)
         current = (self.knobs.capacity, self.knobs.rollouts_per_step)
         inputs = {"in/alpha": alpha, "in/alpha_lo": lo, "in/alpha_hi": hi,
-                  "in/aged_rows": float(aged), "identified": math.nan}  # fmt: skip
+                  "in/aged_rows": float(aged), "in/gain": math.nan,
+                  "identified": math.nan}  # fmt: skip
         if aged < m.min_aged_rows or not math.isfinite(alpha):
             up = self.ladder.above(self.knobs)
             if up is None:
@@ -179,12 +185,14 @@ class Controller:
             self.rung = up
             R, N = self.ladder.rungs[up]
             return (N, R), f"probe: {aged} aged rows < {m.min_aged_rows}: one rung up", inputs
-        (N, R), identified, reason = model_policy.pick_design(
+        target, identified, reason, gain = model_policy.pick_design(
             current, self.B, self.G, self.mu, self.s.max_compute,
             model_policy.load_rho(m.noise), alpha, lo, hi, m.model, self.R_min, self.N_max,
         )  # fmt: skip
-        inputs["identified"] = float(identified)
-        return (N, R), f"alpha {alpha:.3g} [{lo:.3g}, {hi:.3g}]: {reason}", inputs
+        inputs["identified"], inputs["in/gain"] = float(identified), gain
+        chosen, held = gate(current, target, gain, self.hysteresis, m.min_gain, m.persist)
+        reason = f"alpha {alpha:.3g} [{lo:.3g}, {hi:.3g}]: {reason}" + (f"; {held}" if held else "")
+        return chosen, reason, inputs
 
     # -- snapshot -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -201,6 +209,7 @@ class Controller:
                 "grad_sum": self.guard.grad_sum,
                 "grad_windows": self.guard.grad_windows,
             },  # fmt: skip
+            "hysteresis": self.hysteresis.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -214,4 +223,5 @@ class Controller:
         g = state["guard"]
         self.guard = guard.GuardState(int(g["streak"]), float(g["grad_sum"]),
                                       int(g["grad_windows"]))  # fmt: skip
+        self.hysteresis = HysteresisState.from_state(state.get("hysteresis"))
         self.apply()

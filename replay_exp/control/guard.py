@@ -19,9 +19,7 @@ checked.
   the streak restarts.
 - Otherwise hold (the streak restarts).
 
-With the ``lr`` knob (either policy) the learning rate is ``algo.lr`` x clamp(ess,
-``controller.lr_min_scale``, 1): the window's ESS fraction, as VCPO scales its step by the
-effective sample size (:func:`lr_scale`).
+The ``lr`` knob (either policy) is ``replay_exp.control.lr``'s.
 
 Worked example (the defaults: kl_max 0.05, clip_max 0.2, ess_min 0.5, surge_max 3, calm 0.5,
 patience 2), started on-policy: every window has kl = clip = 0, ess = 1, surge = 1: calm, so
@@ -100,11 +98,3 @@ def decide(summary: dict[str, float], state: GuardState, g) -> tuple[int, str, d
         return 0, f"calm ({state.streak} of {g.patience})", inputs
     state.streak = 0
     return 0, "inside the limits, not calm", inputs
-
-
-def lr_scale(ess: float, min_scale: float) -> float:
-    """``algo.lr``'s factor under the ``lr`` knob: clamp(ess, min_scale, 1); 1 without an
-    ESS. Hand-checked: ess 0.6 -> 0.6; ess 0.1 with min_scale 0.25 -> 0.25."""
-    if not math.isfinite(ess):
-        return 1.0
-    return min(1.0, max(min_scale, ess))

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from replay_exp import PROJECT
-from replay_exp.theory.design import candidates, design
+from replay_exp.theory.design import candidates, design, relative_noise
 from replay_exp.theory.exact import rho_interpolated
 
 
@@ -124,20 +124,31 @@ def pick_design(
     model: str,
     R_min: int,
     N_max: int,
-) -> tuple[tuple[int, int], bool, str]:
-    """((N, R) to use, identified, reason) at the run's budget (module docstring)."""
+) -> tuple[tuple[int, int], bool, str, float]:
+    """((N, R) to use, identified, reason, its predicted gain) at the run's budget (module
+    docstring). The gain is 1 - J(pick) / J(current) at the point alpha (J: the model's noise
+    per unit of compute; 0 for the current design), what ``controller.model.min_gain`` gates."""
     designs = [(N, R) for N, R in candidates(B, G, mu, budget) if R_min <= R and N_max >= N]
     if not designs:
-        return current, False, "no feasible design within the bounds: hold"
+        return current, False, "no feasible design within the bounds: hold", 0.0
     res = design(B, G, mu, budget, rho, alpha, lo, hi, model=model, n_alpha=5,
                  designs=designs)  # fmt: skip
+
+    def gain(d: tuple[int, int]) -> float:
+        if d == current:
+            return 0.0
+        j = {x: relative_noise(x[0], x[1], B, mu, rho, alpha, (model,))[model]
+             for x in (d, current)}  # fmt: skip
+        return 1.0 - j[d] / j[current]
+
     if res.identified:
-        return res.pick, True, f"identified: pick N={res.pick[0]}, R={res.pick[1]}"
+        return res.pick, True, f"identified: pick N={res.pick[0]}, R={res.pick[1]}", gain(res.pick)
     if current in res.region:
-        return current, False, "not identified; the current design is in the region: hold"
+        return current, False, "not identified; the current design is in the region: hold", 0.0
 
     def distance(d: tuple[int, int]) -> tuple[float, float]:
         return abs(math.log(d[1] / current[1])), abs(math.log(d[0] / current[0]))
 
     nearest = min(res.region, key=distance)
-    return nearest, False, f"not identified; nearest in the region N={nearest[0]}, R={nearest[1]}"
+    reason = f"not identified; nearest in the region N={nearest[0]}, R={nearest[1]}"
+    return nearest, False, reason, gain(nearest)

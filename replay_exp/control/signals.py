@@ -13,8 +13,9 @@ Per step (from the update's statistics, ``policy_update(signals=True)``, and the
 - ``rows``: each trained row's lag (versions since it was generated) and sequence
   log-importance-weight, for the model-based policy's estimate of alpha.
 
-The window's summary is the mean of each scalar over its steps (NaN values left out), plus
-the number of steps. Its state (a snapshot mid-window) is tensors and lists only.
+The window's summary is the mean of each scalar over its steps (NaN values left out), the
+number of steps and ``lag``, the mean lag of every row the window trained (NaN: none
+recorded). Its state (a snapshot mid-window) is tensors and lists only.
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ class Window:
             self.rows.append((np.asarray(rows["lag"], np.int64), np.asarray(rows["logw"], float)))
 
     def summary(self) -> dict[str, float]:
-        """Mean of each signal over the window's steps (NaNs left out; NaN if all are)."""
+        """Mean of each signal over the window's steps (NaNs left out; NaN if all are) and the
+        mean lag of the trained rows."""
         out = {"steps": float(len(self.steps))}
         for k, vals in self.values.items():
             v = np.asarray(vals, float)
             v = v[np.isfinite(v)]
             out[k] = float(v.mean()) if len(v) else math.nan
+        lags = [lag for lag, _ in self.rows if len(lag)]
+        out["lag"] = float(np.concatenate(lags).mean()) if lags else math.nan
         return out
 
     def state_dict(self) -> dict:

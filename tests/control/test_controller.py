@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,10 +32,13 @@ def build(*extra: str) -> tuple[Controller, object, torch.optim.Optimizer, Ledge
     return Controller(cfg, d, buffer, opt), buffer, opt, led
 
 
-def step(ctl: Controller, s: int, kl=0.0, ess=1.0, grad=1.0, fresh=64) -> None:
-    """One step's signals: ``fresh`` rollouts generated, a batch of 64 trained."""
+def step(ctl: Controller, s: int, kl=0.0, ess=1.0, grad=1.0, fresh=64, rows=None) -> None:
+    """One step's signals: ``fresh`` rollouts generated, a batch of 64 trained (``rows``: its
+    rows' (lags, log-weights), as the update's ``control_rows``)."""
     arrivals = [SimpleNamespace(batch=SimpleNamespace(reward_B=torch.ones(fresh)))]
     stats = {"approx_kl": kl, "clip_frac": 0.0, "ess_frac": ess, "grad_norm": grad}
+    if rows is not None:
+        stats["control_rows"] = {"lag": rows[0], "logw": rows[1]}
     ctl.observe(s, stats, arrivals, SimpleNamespace(reward_B=torch.zeros(64)))
 
 
@@ -136,6 +140,84 @@ def test_the_model_policy_probes_from_an_all_fresh_start():
     assert buffer.capacity == 256
 
 
+def test_the_lag_rule_sets_the_lr_from_the_trained_rows_lag():
+    ctl, _, opt, led = build("controller.knobs=[reuse,capacity,lr]", "controller.lr_rule=lag",
+                             "controller.lr_lag_scale=256")  # fmt: skip
+    base_lr = opt.param_groups[0]["lr"]
+    # the window's rows: lags 0 and 1536 (step 0), 768 and 768 (step 1): mean S = 768, so
+    # lr x (1 + 768 / 256)^-1/2 = 0.5 (the ESS, 0.6, is not this rule's signal)
+    step(ctl, 0, ess=0.7, rows=(np.array([0, 1536]), np.zeros(2)))
+    step(ctl, 1, ess=0.5, rows=(np.array([768, 768]), np.zeros(2)))
+    row = ctl.decide(2, led)
+    assert row["controller/in/lag"] == pytest.approx(768.0)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * base_lr)
+    assert row["controller/lr_scale"] == pytest.approx(0.5)
+
+
+def aged_window(ctl, s: int, k: float) -> None:
+    """Two steps whose trained rows are two of age 1 each, with importance weights 1 and k:
+    inflation 2 (1 + k^2) / (1 + k)^2 in every step, so alpha = log(inflation) / (2 log 2)
+    with no spread over steps (an identified alpha for k > 1): k = 1.5 -> 0.0283, k = 2 ->
+    0.0760, k = 5 -> 0.2653."""
+    for t in (s, s + 1):
+        step(ctl, t, rows=(np.array([1, 1]), np.log([1.0, k])))
+
+
+# The model policy on the embedded testbed's rho (its default input), START's B = 64, mu 3 and
+# budget 100 (N up to 6400): paper_gap picks (N, R) = (4096, 40) at alpha 0.0283, (256, 40) at
+# 0.0760 and on-policy (64, 64) at 0.2653 (replay_exp.control.model.pick_design at those
+# alphas, computed once and written here).
+MODEL = ("controller.policy=model", "controller.model.min_aged_rows=2")
+
+
+def test_the_model_policy_keeps_reading_and_moves_back_down():
+    ctl, buffer, _, led = build(*MODEL)
+    designs = []
+    for s, k in zip((0, 2, 4), (1.5, 1.5, 5.0), strict=True):
+        aged_window(ctl, s, k)
+        ctl.decide(s + 2, led)
+        designs.append((ctl.knobs.capacity, ctl.knobs.rollouts_per_step))
+    # low alpha: up to (4096, 40); the same again: hold; a high alpha: back down to on-policy
+    assert designs == [(4096, 40), (4096, 40), (64, 64)]
+    m = ctl.metrics()
+    assert (m["controller/moves_up"], m["controller/moves_down"]) == (1.0, 1.0)
+    assert buffer.capacity == 64
+
+
+@pytest.mark.parametrize(
+    ("extra", "want", "held"),
+    [
+        # No hysteresis: alpha alternating across the boundary between (4096, 40) and
+        # (256, 40) moves at every decision after the first: 5 moves in 5 decisions.
+        ((), [(4096, 40), (256, 40), (4096, 40), (256, 40), (4096, 40)], 0),
+        # persist 2: (4096, 40) is named at decisions 1 and 2 (move at 2); after that each
+        # target is named once in a row: held at 1, 3 and 5 (4 names the current design).
+        (
+            ("controller.model.persist=2",),
+            [(64, 64), (4096, 40), (4096, 40), (4096, 40), (4096, 40)],
+            3,
+        ),
+        # min_gain 0.05: the move down to (256, 40) gains 1.06 % (held at 3 and 5); the first
+        # move up from on-policy gains more than 5 %.
+        (
+            ("controller.model.min_gain=0.05",),
+            [(4096, 40), (4096, 40), (4096, 40), (4096, 40), (4096, 40)],
+            2,
+        ),
+    ],
+    ids=["none", "persist", "min_gain"],
+)
+def test_hysteresis_stops_the_flapping(extra, want, held):
+    ctl, _, _, led = build(*MODEL, *extra)
+    designs = []
+    for i, k in enumerate((1.5, 1.5, 2.0, 1.5, 2.0) if extra else (1.5, 2.0, 1.5, 2.0, 1.5)):
+        aged_window(ctl, 2 * i, k)
+        ctl.decide(2 * i + 2, led)
+        designs.append((ctl.knobs.capacity, ctl.knobs.rollouts_per_step))
+    assert designs == want
+    assert ctl.metrics()["controller/held"] == float(held)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -176,9 +258,17 @@ def test_the_model_policy_probes_from_an_all_fresh_start():
         (["controller.guard.ess_min=1.5"],
          "controller.guard: ess_min=1.5 and calm=0.5 must be < 1, clip_max=0.2 <= 1"),
         (["controller.lr_min_scale=0"], "controller.lr_min_scale=0 must be in (0, 1]"),
+        (["controller.lr_rule=kl"],
+         "controller.lr_rule=kl is unknown; choose one of ['ess', 'lag']"),
+        (["controller.lr_lag_scale=0"], "controller.lr_lag_scale=0.0 must be > 0"),
+        (["controller.policy=model", "controller.model.min_gain=1.5"],
+         "controller.model.min_gain=1.5 must be in [0, 1) (a relative gain; null: no margin)"),
+        (["controller.policy=model", "controller.model.persist=0"],
+         "controller.model.persist=0 must be > 0"),
     ],
     ids=["distributed", "async", "on_policy", "knobs", "policy", "model_budget",
-         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard", "lr_min"],
+         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard", "lr_min",
+         "lr_rule", "lr_lag_scale", "min_gain", "persist"],
 )  # fmt: skip
 def test_resolve_refuses_what_the_controller_cannot_set(extra, message):
     with pytest.raises(ConfigError) as e:

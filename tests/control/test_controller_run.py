@@ -32,6 +32,18 @@ POLICIES = {
         "controller.model.min_aged_rows=4",
         "controller.model.bootstrap=20",
     ],  # fmt: skip
+    # the same with the lr set from the rows' lag and the hysteresis gate on (their state in
+    # the snapshot: the pending target, its count)
+    "model_lag_hysteresis": [
+        "controller.policy=model",
+        "controller.model.min_aged_rows=4",
+        "controller.model.bootstrap=20",
+        "controller.knobs=[reuse,capacity,lr]",
+        "controller.lr_rule=lag",
+        "controller.lr_lag_scale=4",
+        "controller.model.persist=2",
+        "controller.model.min_gain=0.0",
+    ],  # fmt: skip
 }
 
 

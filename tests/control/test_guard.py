@@ -73,11 +73,3 @@ def test_nan_signals_are_not_checked():
         "kl": (False, True), "clip_frac": (False, True), "ess": (False, True),
         "surge": (False, True),
     }  # fmt: skip
-
-
-def test_lr_scale_follows_the_ess():
-    # clamp(ess, 0.25, 1): 0.6 -> 0.6, 0.1 -> 0.25, 1.0 -> 1.0, NaN -> 1.0
-    assert guard.lr_scale(0.6, 0.25) == pytest.approx(0.6)
-    assert guard.lr_scale(0.1, 0.25) == 0.25
-    assert guard.lr_scale(1.0, 0.25) == 1.0
-    assert guard.lr_scale(math.nan, 0.25) == 1.0

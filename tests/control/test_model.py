@@ -60,11 +60,13 @@ def test_an_identified_alpha_goes_to_the_design_models_pick():
     args = dict(B=64, G=8, mu=6.84, budget=300.0, rho=rho)
     res = design(args["B"], args["G"], args["mu"], args["budget"], rho, 0.05, 0.03, 0.07,
                  model="paper_gap", n_alpha=5)  # fmt: skip
-    got, identified, reason = model.pick_design(
+    got, identified, reason, gain = model.pick_design(
         (64, 64), **args, alpha=0.05, lo=0.03, hi=0.07, model="paper_gap", R_min=8,
         N_max=10**9,
     )  # fmt: skip
     assert identified and got == res.pick and reason.startswith("identified")
+    # on-policy (N = R = B) scores J / J_on-policy = 1, so the gain is 1 - J(pick)
+    assert gain == pytest.approx(1 - res.table[res.pick][res.alphas.index(0.05)])
 
 
 def test_an_unidentified_alpha_holds_inside_the_region_else_goes_to_its_nearest():
@@ -76,11 +78,11 @@ def test_an_unidentified_alpha_holds_inside_the_region_else_goes_to_its_nearest(
     res = design(64, 8, 6.84, 300.0, measured, 0.032, -0.087, 0.12, model="paper_gap", n_alpha=5)
     assert not res.identified and len(res.region) > 1
     inside = res.region[0]
-    got, identified, reason = model.pick_design(inside, **args)
-    assert (got, identified) == (inside, False) and "hold" in reason
+    got, identified, reason, gain = model.pick_design(inside, **args)
+    assert (got, identified, gain) == (inside, False, 0.0) and "hold" in reason
     # a design outside the region moves to the member nearest in log R, then log N
     outside = (64, 64) if (64, 64) not in res.region else (128, 64)
-    got, _, reason = model.pick_design(outside, **args)
+    got, _, reason, _ = model.pick_design(outside, **args)
     nearest = min(res.region, key=lambda d: (abs(math.log(d[1] / outside[1])),
                                             abs(math.log(d[0] / outside[0]))))  # fmt: skip
     assert got == nearest and "nearest" in reason
