@@ -16,9 +16,10 @@ with too few aged rows to estimate anything, is not gated):
 2. ``persist`` (1: at once): T must be the target of ``persist`` consecutive decisions; a
    decision naming C, or another design, restarts the count.
 
-Hand-made sequence (C = A; targets A, B, A, B, B with gains 0, 0.05, 0, 0.05, 0.05):
-min_gain null, persist 1 moves at the 2nd decision (to B) and the 3rd (back to A), 4 moves in
-all; persist 2 moves once, at the 5th (B named twice in a row); min_gain 0.1 never moves.
+Hand-made sequence (C = A; targets A, B, A, B, B, each move predicted 5 % better):
+min_gain null, persist 1 moves at the 2nd decision (to B), the 3rd (back to A) and the 4th (to
+B): 3 moves; persist 2 moves once, at the 5th (B named twice in a row); min_gain 0.1 never
+moves (tests/control/test_hysteresis.py).
 The decisions held back are counted (``controller/held``).
 """
 

@@ -1,6 +1,6 @@
 """The controller's learning-rate knob (``controller.knobs`` with ``lr``): ``algo.lr`` times a
 scale in [``controller.lr_min_scale``, 1], set at each decision from the window's signals by
-``controller.lr_rule`` (docs/controller.md, "The learning rate"):
+``controller.lr_rule`` (docs/controller.md, "What it sets"):
 
 - ``ess``: the window's sequence-level ESS fraction, as VCPO (arXiv 2602.17616) scales its
   step by the effective sample size;

@@ -109,11 +109,25 @@ def test_a_controller_that_never_moves_trains_and_charges_as_the_fixed_run(fast,
     assert any("controller/rollouts_per_step" in r for r in read_metrics(ctl / "metrics.jsonl"))
 
 
-def test_a_controlled_run_resumes_bitwise_at_the_default_thread_count(default_small, tmp_path):
-    """The guard on the embedded default at its default thread count (where thread order could
+@pytest.mark.parametrize(
+    ("policy", "moves"),
+    [
+        (["controller.guard.patience=1"], "controller/rollouts_per_step"),
+        # the model policy with the lag lr rule and the hysteresis gate: its lr moves
+        (["controller.policy=model", "controller.model.min_aged_rows=4",
+          "controller.model.bootstrap=20", "controller.knobs=[reuse,capacity,lr]",
+          "controller.lr_rule=lag", "controller.lr_lag_scale=4", "controller.model.persist=2",
+          "controller.model.min_gain=0.0"], "controller/lr_scale"),
+    ],
+    ids=["guard", "model_lag_hysteresis"],
+)  # fmt: skip
+def test_a_controlled_run_resumes_bitwise_at_the_default_thread_count(
+    policy, moves, default_small, tmp_path
+):
+    """A policy on the embedded default at its default thread count (where thread order could
     show; tests/conftest.default_overrides), started at y = 2, N = 64: killed after a snapshot
     and relaunched, it ends with the uninterrupted run's metrics."""
-    extra = ["controller=adaptive", "controller.every=2", "controller.guard.patience=1",
+    extra = ["controller=adaptive", "controller.every=2", *policy,
              "buffer.capacity=64", "schedule.max_steps=null", "schedule.max_compute=6",
              "compute.mu=3.0", "checkpoint.every=2"]  # fmt: skip
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -125,7 +139,7 @@ def test_a_controlled_run_resumes_bitwise_at_the_default_thread_count(default_sm
     proc = _launch(command(full), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = without_wall_clock(read_metrics(full / "metrics.jsonl"))
-    assert len({r["controller/rollouts_per_step"] for r in want if "controller/rung" in r}) > 1
+    assert len({r[moves] for r in want if "controller/rung" in r}) > 1
     _kill_after_snapshot_past(command(killed), tmp_path, killed, step=2)
     proc = _launch(command(killed), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
