@@ -12,7 +12,8 @@
         batch = buffer.sample(B, step)     # the sampling policy; per-use telemetry recorded
         one policy update on batch         # GRPO or AsymRE; DDP / FSDP share the gradient
         controller.decide(version)         # controller=adaptive, every K steps: R, N, lr from
-                                           # the window's signals; its budget rule ends the run
+                                           # the window's signals (every trainer rank's, one
+                                           # decision broadcast); its budget rule ends the run
         runtime.after_update(version)      # weights to the generators (every k steps)
         ledger + log; on the eval grid evaluate on the held-out split
         every c steps snapshot every component (relaunching resumes from the latest)
@@ -134,12 +135,16 @@ def build_parts(
         model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
     )
     spec = cfg.buffer if rank is None else as_spec(cfg.buffer, shards=1)
+    capacity = d.capacity_per_trainer  # under controller=adaptive the most it may set
+    if d.max_capacity is not None:
+        capacity = d.max_capacity // (1 if rank is None else cfg.schedule.trainers)
     buffer = make_buffer(
-        spec, capacity=d.max_capacity or d.capacity_per_trainer, max_prompt_len=d.max_prompt_len,
+        spec, capacity=capacity, max_prompt_len=d.max_prompt_len,
         max_completion_len=d.max_new_tokens, seed=derive_seed(cfg.seed, "buffer", *tags),
     )  # fmt: skip
-    # controller=adaptive (in process only): it sets the buffer's N (from derived.capacity,
-    # up to the store's max_capacity), the optimizer's lr and the step's R.
+    # controller=adaptive: it sets the buffer's N (from derived.capacity, up to the store's
+    # max_capacity; a trainer rank's shard: N / T), the optimizer's lr and, under
+    # schedule=sync, the step's R.
     controller = make_controller(cfg, d, buffer, optimizer)
     ledger = Ledger(
         mu=cfg.compute.mu,
@@ -240,7 +245,7 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             led = rt.node_ledger()
             # controller=adaptive: every K steps it sets R, N (and lr) for the next steps; the
             # budget then ends the run, not a fixed step count.
-            control = p.controller.decide(version, led) if p.controller else None
+            control = p.controller.decide(version, led, rt) if p.controller else None
             last = p.controller.last(version, led) if p.controller else version == d.total_steps
             is_eval = eval_due(x_before, eval_x(led)) or last
             rt.after_update(version, need_weights=is_eval or snapshot_due(version))

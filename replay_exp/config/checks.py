@@ -382,8 +382,8 @@ def check_distributed(cfg: DictConfig) -> None:
 
 def check_controller(cfg: DictConfig) -> None:
     """``controller``: its option's keys (no name key: ``controller.policy`` null is fixed),
-    what the adaptive controller can set in this run (in process, sync schedule, one FIFO),
-    the ladder's bounds and each policy's knobs."""
+    what the adaptive controller can set in this run (R only under the sync schedule; one FIFO
+    per trainer), the ladder's bounds and each policy's knobs."""
     c, s, b, G = cfg.controller, cfg.schedule, cfg.buffer, cfg.algo.group_size
     fixed, adaptive = (
         _keys(OPTION_SCHEMAS["controller"]["fixed"]),
@@ -402,19 +402,19 @@ def check_controller(cfg: DictConfig) -> None:
     if have != adaptive:
         fail(f"controller.policy={c.policy} needs the keys of controller=adaptive; select it "
              f"with controller=adaptive controller.policy={c.policy}")  # fmt: skip
-    where = "controller=adaptive sets R and N each K steps"
-    if cfg.runtime.name != "inprocess":
-        fail(f"{where}; under runtime={cfg.runtime.name} R is what the generator ranks deliver, "
-             "which it cannot set: use runtime=inprocess (or controller=fixed)")  # fmt: skip
-    if s.name != "sync":
-        fail(f"{where}; under schedule={s.name} R emerges from W, T and mu: use schedule=sync "
-             "(or controller=fixed)")  # fmt: skip
-    if b.name != "fifo" or b.shards != 1:
-        fail(f"{where}; it resizes one FIFO: use buffer=fifo with buffer.shards=1 (given "
-             f"buffer={b.name}, buffer.shards={b.shards})")  # fmt: skip
     knobs = list(c.knobs)
     if not knobs or len(set(knobs)) != len(knobs) or set(knobs) - set(KNOBS):
         fail(f"controller.knobs={knobs}: list some of {list(KNOBS)}, each once")
+    if s.name != "sync" and "reuse" in knobs:
+        who = ("the generator ranks deliver" if cfg.runtime.name == "distributed"
+               else "W, T and mu set")  # fmt: skip
+        fail(f"controller.knobs={knobs} holds reuse, but under schedule={s.name} R is what "
+             f"{who}: list only capacity and/or lr (or use schedule=sync)")  # fmt: skip
+    shards = s.trainers if cfg.runtime.name == "distributed" else 1
+    if b.name != "fifo" or b.shards != shards:
+        fail(f"controller=adaptive resizes one FIFO a trainer: use buffer=fifo with "
+             f"buffer.shards={shards} (given buffer={b.name}, "
+             f"buffer.shards={b.shards})")  # fmt: skip
     positive("controller.every", c.every)
     if c.reuse_growth <= 1 or c.capacity_growth < 1:
         fail(f"controller.reuse_growth={c.reuse_growth} must be > 1 and "

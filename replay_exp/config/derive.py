@@ -291,17 +291,27 @@ def units_per_step(s: Any, R: float, mu: float) -> float:
 
 def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int) -> tuple[int, int]:
     """(the most steps the budget can buy, the largest N) of a run under ``controller=adaptive``,
-    which may set R down to ``controller.min_rollouts_per_step`` (null: G) and N up to
+    which may set R down to ``controller.min_rollouts_per_step`` (null: G; under async R is
+    not its knob and the step count is the fixed run's) and N up to
     ``controller.max_capacity`` (null: every rollout the budget can generate, the most at R =
     B). The run stops when its budget is spent (``Controller.last``); the step count is a
     bound."""
     R_min = c.min_rollouts_per_step or G
-    if R_min > R0:
+    if s.name == "async":  # R emerges (W, T, mu): the fixed run's step count
+        if c.policy == "model" and R0 < G:
+            fail(
+                f"controller.policy=model scores an async split as the sync design at R in "
+                f"whole groups, but schedule.workers={s.workers} and trainers={s.trainers} at "
+                f"compute.mu={mu:g} bring R={R0:.3g} < algo.group_size={G} a step"
+            )
+        steps = derive_steps(s, R0, units_per_step(s, R0, mu))
+    elif R_min > R0:
         fail(
             f"controller.min_rollouts_per_step={R_min} is above the run's own "
             f"schedule.rollouts_per_step={R0:g}, where the controller starts"
         )
-    steps = derive_steps(s, R_min, units_per_step(s, R_min, mu))
+    else:
+        steps = derive_steps(s, R_min, units_per_step(s, R_min, mu))
     N_max = c.max_capacity
     if N_max is None:
         B = s.batch_size

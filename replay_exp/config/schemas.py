@@ -209,7 +209,7 @@ class DistributedRuntimeConfig(RuntimeConfig):
     max_in_flight: int = MISSING  # rollout messages a generator may have unreceived per trainer
     heartbeat_timeout_s: float = MISSING  # a silent generator is declared dead after this
     rendezvous_timeout_s: float = MISSING  # ranks wait this long for each other at start
-    check_replicas: bool = MISSING  # compare the trainers' weights after every step (ddp)
+    check_replicas: bool = MISSING  # compare the trainers' weights (ddp), knobs each step
     generation_cost: str = MISSING  # measured | modelled (a GPU node's timing)
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
 

@@ -5,9 +5,13 @@ training-side signals and sets the knobs it owns (``controller.knobs``: ``reuse`
 
 What it touches, all in the one loop (``replay_exp.loop``):
 
-- **arrivals**: the in-process runtime asks it how many prompt groups step s generates
-  (``groups_at``) and how many came before (``groups_before``, for unique rollout ids);
-- **the buffer**: ``set_capacity(N)`` (FIFO; shrinking evicts the oldest at once);
+- **arrivals** (``schedule=sync`` only): the in-process runtime asks it how many prompt groups
+  step s generates (``groups_at``) and how many came before (``groups_before``, for unique
+  rollout ids). Under ``schedule=async`` (the in-process emulation and ``runtime=distributed``)
+  R emerges from W, T and mu, so it owns only N and the lr (resolve refuses ``reuse``); its R
+  is the run's own, rounded to whole groups (what the design model scores an async split as);
+- **the buffer**: ``set_capacity(N)`` (FIFO; shrinking evicts the oldest at once); under
+  ``runtime=distributed`` each trainer rank's shard holds N / T;
 - **the optimizer**: each parameter group's ``lr`` = ``algo.lr`` x the scale;
 - **the budget**: with R changing, the step count is no longer fixed; ``last`` says whether
   the next step at the current R would overrun the budget. A fixed run's step count
@@ -16,8 +20,14 @@ What it touches, all in the one loop (``replay_exp.loop``):
   fixed run's steps. (The ledger charges what each step really trained, as for any run: less
   while the buffer holds fewer than B rollouts.)
 
+Under ``runtime=distributed`` every trainer rank holds a controller; a decision is made once,
+on rank 0, from the window of every rank (``Window.merged``), and its state is broadcast, so
+every rank sets the same knobs (``runtime.check_replicas`` compares them after every step).
+The runtime gives the collective (``rt.gather``, ``rt.broadcast``; one process: itself).
+
 Its state (knobs, rung, groups generated, the open window, the policy's memory) is in the
-snapshot, under the in-process source's state, so a resumed run continues bit for bit.
+snapshot, under the rollout source's state (each trainer rank's own under
+``runtime=distributed``), so a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -51,10 +61,17 @@ class Controller:
         self.B, self.G, self.mu = s.batch_size, cfg.algo.group_size, cfg.compute.mu
         self.base_lr = cfg.algo.lr
         self.max_steps = d.total_steps  # the bound resolve() derived at the cheapest step
+        # schedule=sync: it sets R (the arrivals); async: R emerges (whole groups, as scored)
+        self.sets_arrivals = s.name == "sync"
+        R0 = int(d.rollouts_per_step)
+        if not self.sets_arrivals:
+            R0 = max(self.G, self.G * round(d.rollouts_per_step / self.G))
+        self.async_units = d.paper_units_per_step  # an async step's nominal cost (fixed)
+        self.shards = d.trainers if cfg.runtime.name == "distributed" else 1  # N / T a rank
         self.R_min = c.min_rollouts_per_step or self.G
         self.N_max = d.max_capacity
         self.ladder = Ladder(
-            int(d.rollouts_per_step), d.capacity, self.B, self.G, self.R_min, self.N_max,
+            R0, d.capacity, self.B, self.G, self.R_min, self.N_max,
             c.reuse_growth, c.capacity_growth, owns_reuse="reuse" in c.knobs,
             owns_capacity="capacity" in c.knobs,
         )  # fmt: skip
@@ -83,24 +100,39 @@ class Controller:
         ``control_rows``), and the groups it generated into the count."""
         fresh = [a.batch.reward_B for a in arrivals]
         self.groups_done += sum(len(r) for r in fresh) // self.G
-        self.spent += units_per_step(self.B, self.knobs.rollouts_per_step, self.mu)
+        self.spent += self.step_units(self.knobs.rollouts_per_step)
         fresh_reward = float(torch.cat(fresh).float().mean()) if fresh else math.nan
         trained = float(batch.reward_B.float().mean()) if batch is not None else math.nan
         self.window.add(step, stats, fresh_reward, trained)
 
-    def decide(self, version: int, led: Any) -> dict[str, float] | None:
-        """At a decision step (every ``controller.every`` versions): read the window, set the
-        knobs, log why; the ``controller/*`` values of the row (None between decisions)."""
-        if version % self.c.every or not len(self.window):
+    def decide(self, version: int, led: Any, rt: Any) -> dict[str, float] | None:
+        """At a decision step (every ``controller.every`` versions): read the window (every
+        trainer rank's, gathered by ``rt``), set the knobs, log why; the ``controller/*``
+        values of the row (None between decisions). A collective under
+        ``runtime=distributed``: rank 0 decides, every rank loads its state."""
+        if version % self.c.every:
             return None
-        summary = self.window.summary()
+        windows = rt.gather(self.window)  # [each rank's]; None off the lead
+        out = state = None
+        if windows is not None:
+            window = Window.merged(windows)
+            if len(window):
+                out = self._decide(version, led, window)
+                state = self.state_dict()
+        out, state = rt.broadcast((out, state))
+        if windows is None and state is not None:  # a rank that did not decide: as rank 0
+            self.load_state_dict(state)
+        return out
+
+    def _decide(self, version: int, led: Any, window: Window) -> dict[str, float]:
+        summary = window.summary()
         before = (self.knobs.rollouts_per_step, self.knobs.capacity)
         if self.c.policy == "guard":
             move, reason, inputs = guard.decide(summary, self.guard, self.c.guard)
             self.rung = self.ladder.clamp(self.rung + move)
             R, N = self.ladder.rungs[self.rung]
         else:
-            (N, R), reason, inputs = self._model_decision(version, led, summary)
+            (N, R), reason, inputs = self._model_decision(version, window.rows)
             # the rung of a design on the ladder; None: the model jumped off it
             self.rung = self.ladder.rungs.index((R, N)) if (R, N) in self.ladder.rungs else None
         c = self.c
@@ -135,13 +167,18 @@ class Controller:
         """Whether ``version`` is the run's last: the next step at the current R would overrun
         the budget (steps, rollouts or paper units), or the bound of resolve() is reached."""
         s, R = self.s, self.knobs.rollouts_per_step
-        if version >= self.max_steps:
-            return True
+        if version >= self.max_steps or not self.sets_arrivals:  # async: the fixed count
+            return version >= self.max_steps
         if s.max_steps is not None:
             return version >= s.max_steps
         if s.max_rollouts is not None:
             return led.rollouts + R > s.max_rollouts + 1e-6
-        return self.spent + units_per_step(self.B, R, self.mu) > s.max_compute * (1 + 1e-9)
+        return self.spent + self.step_units(R) > s.max_compute * (1 + 1e-9)
+
+    def step_units(self, R: int) -> float:
+        """A step's nominal paper units at R: (B + mu R) / (B (1 + mu)) under sync, the
+        split's fixed gamma under async."""
+        return units_per_step(self.B, R, self.mu) if self.sets_arrivals else self.async_units
 
     def budget_left(self, led: Any) -> float:
         """What is left of the budget, in its own unit (compute: nominal units, above)."""
@@ -154,8 +191,9 @@ class Controller:
 
     # -- internals ------------------------------------------------------------------------------
     def apply(self) -> None:
-        """Set the buffer's capacity and the optimizer's learning rate to the knobs."""
-        self.buffer.set_capacity(self.knobs.capacity)
+        """Set the buffer's capacity (this rank's shard's: N / T) and the optimizer's learning
+        rate to the knobs."""
+        self.buffer.set_capacity(self.knobs.capacity // self.shards)
         for group in self.optimizer.param_groups:
             group["lr"] = self.base_lr * self.knobs.lr_scale
 
@@ -170,10 +208,10 @@ class Controller:
             "rung": math.nan if self.rung is None else float(self.rung - self.ladder.start),
         }  # fmt: skip
 
-    def _model_decision(self, version: int, led: Any, summary: dict) -> tuple:
+    def _model_decision(self, version: int, rows: list) -> tuple:
         m = self.c.model
         rng = np.random.default_rng(derive_seed(self.seed, "controller", version))
-        alpha, lo, hi, aged = model_policy.estimate_alpha(self.window.rows, rng, m.bootstrap)
+        alpha, lo, hi, aged = model_policy.estimate_alpha(rows, rng, m.bootstrap)
         current = (self.knobs.capacity, self.knobs.rollouts_per_step)
         inputs = {"in/alpha": alpha, "in/alpha_lo": lo, "in/alpha_hi": hi,
                   "in/aged_rows": float(aged), "in/gain": math.nan,
@@ -188,6 +226,7 @@ class Controller:
         target, identified, reason, gain = model_policy.pick_design(
             current, self.B, self.G, self.mu, self.s.max_compute,
             model_policy.load_rho(m.noise), alpha, lo, hi, m.model, self.R_min, self.N_max,
+            fixed_R=not self.sets_arrivals,
         )  # fmt: skip
         inputs["identified"], inputs["in/gain"] = float(identified), gain
         chosen, held = gate(current, target, gain, self.hysteresis, m.min_gain, m.persist)

@@ -124,11 +124,16 @@ def pick_design(
     model: str,
     R_min: int,
     N_max: int,
+    fixed_R: bool = False,
 ) -> tuple[tuple[int, int], bool, str, float]:
     """((N, R) to use, identified, reason, its predicted gain) at the run's budget (module
     docstring). The gain is 1 - J(pick) / J(current) at the point alpha (J: the model's noise
-    per unit of compute; 0 for the current design), what ``controller.model.min_gain`` gates."""
+    per unit of compute; 0 for the current design), what ``controller.model.min_gain`` gates.
+    ``fixed_R``: R is not the controller's (``schedule=async``: it emerges from W, T and mu),
+    so only the designs at the current R compete (N alone)."""
     designs = [(N, R) for N, R in candidates(B, G, mu, budget) if R_min <= R and N_max >= N]
+    if fixed_R:
+        designs = [x for x in designs if x[1] == current[1]]  # (N, R)
     if not designs:
         return current, False, "no feasible design within the bounds: hold", 0.0
     res = design(B, G, mu, budget, rho, alpha, lo, hi, model=model, n_alpha=5,

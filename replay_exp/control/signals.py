@@ -13,9 +13,10 @@ Per step (from the update's statistics, ``policy_update(signals=True)``, and the
 - ``rows``: each trained row's lag (versions since it was generated) and sequence
   log-importance-weight, for the model-based policy's estimate of alpha.
 
-The window's summary is the mean of each scalar over its steps (NaN values left out), the
-number of steps and ``lag``, the mean lag of every row the window trained (NaN: none
-recorded). Its state (a snapshot mid-window) is tensors and lists only.
+The window's summary is the mean of each scalar over its steps (NaN values left out; under
+``runtime=distributed`` over every trainer rank's values), the number of steps and ``lag``,
+the mean lag of every row the window trained (NaN: none recorded). Its state (a snapshot
+mid-window) is tensors and lists only.
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ class Window:
         rows = stats.get("control_rows")
         if rows is not None:
             self.rows.append((np.asarray(rows["lag"], np.int64), np.asarray(rows["logw"], float)))
+
+    @classmethod
+    def merged(cls, windows: list[Window]) -> Window:
+        """One window of several trainer ranks' (``runtime=distributed``) over the same steps:
+        their signals and rows pooled, so the summary's means are over every rank's values;
+        one window is itself."""
+        if len(windows) == 1:
+            return windows[0]
+        out = cls()
+        out.steps = list(windows[0].steps)
+        for w in windows:
+            for k in SCALARS:
+                out.values[k] += w.values[k]
+            out.rows += w.rows
+        return out
 
     def summary(self) -> dict[str, float]:
         """Mean of each signal over the window's steps (NaNs left out; NaN if all are) and the

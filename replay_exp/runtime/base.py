@@ -63,6 +63,12 @@ class Runtime(Protocol):
     def node_ledger(self) -> Ledger:
         """The whole node's compute (every trainer rank's ledger merged)."""
 
+    def gather(self, obj: Any) -> list | None:
+        """Every trainer's ``obj``, in rank order, on the lead (None elsewhere); a collective."""
+
+    def broadcast(self, obj: Any) -> Any:
+        """The lead's ``obj`` on every trainer; a collective."""
+
     def gather_step(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """On the lead: ``{"ranks": [every trainer's record], "buffers": [buffer views]}``."""
 

@@ -41,8 +41,11 @@ class InProcess:
         # Evaluation samples the trainer's current weights: through the engine when it follows
         # the trainer at every step (synced right before each eval), else the trainer's module.
         self.engine_evaluates = g.backend != "hf" and self.share
-        # controller=adaptive sets R step by step (it counts the groups); else the schedule's
-        self.arrivals = parts.controller or make_arrivals(s, d, cfg.compute.mu, cfg.algo.group_size)
+        # controller=adaptive sets R step by step under sync (it counts the groups); else the
+        # schedule's (under async R emerges from W, T and mu, whatever the controller sets)
+        c = parts.controller
+        self.arrivals = (c if c is not None and c.sets_arrivals
+                         else make_arrivals(s, d, cfg.compute.mu, cfg.algo.group_size))  # fmt: skip
         self.history = WeightHistory(s.sync_lag)  # weights of recent versions, for a sync lag
         self.history.push(0, policy)
         self.sync = Every(s.sync_every)
@@ -104,6 +107,12 @@ class InProcess:
 
     def node_ledger(self):
         return self.p.ledger
+
+    def gather(self, obj: Any) -> list:
+        return [obj]  # one process: the lead, alone
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
 
     def gather_step(self, record: dict[str, Any]) -> dict[str, Any]:
         return {"ranks": [record], "buffers": buffer_views(self.p.buffer)}

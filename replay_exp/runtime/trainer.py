@@ -126,6 +126,33 @@ def params_digest(model: torch.nn.Module) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
+def controlled_knobs(parts) -> tuple | None:
+    """What controller=adaptive set on this rank: (R, N, lr scale, this shard's capacity,
+    each parameter group's lr); None under controller=fixed."""
+    c = parts.controller
+    if c is None:
+        return None
+    k = c.knobs
+    lrs = tuple(g["lr"] for g in parts.optimizer.param_groups)
+    return (k.rollouts_per_step, k.capacity, k.lr_scale, parts.buffer.capacity, lrs)
+
+
+def check_replicas_agree(every: list[tuple], version: int) -> None:
+    """Every trainer rank's (weights digest, controller knobs) after the update to ``version``
+    must be one value: the DDP replicas bitwise equal, every rank on the knobs rank 0 decided.
+    For example [(7, None), (7, None)] passes; [(7, (8, 64, 1.0, 32, (3e-5,))),
+    (7, (8, 256, 1.0, 128, (3e-5,)))] raises, naming the knobs."""
+    digests = {d for d, _ in every}
+    if len(digests) != 1:
+        raise RuntimeError(f"version {version}: trainer replicas differ after the update")
+    knobs = [k for _, k in every]
+    if any(k != knobs[0] for k in knobs):
+        raise RuntimeError(
+            f"version {version}: the trainer ranks' controller knobs differ (R, N, lr scale, "
+            f"shard capacity, lr per rank): {knobs}"
+        )
+
+
 def run_trainer(
     cfg, d, rank: int, group, store, links, run_dir: Path, snapshot_path: str | None, loaded=None
 ):
@@ -236,11 +263,14 @@ class TrainerRank:
         return self.stopping
 
     def after_update(self, version: int, need_weights: bool) -> None:
-        if self.cfg.runtime.check_replicas and self.wrapper == "ddp":
-            digests = [None] * self.T
-            dist.all_gather_object(digests, params_digest(self.p.built.policy), group=self.group)
-            if len(set(digests)) != 1:
-                raise RuntimeError(f"version {version}: trainer replicas differ after the update")
+        # The DDP replicas' weights (an FSDP rank holds a shard: no digest) and the knobs
+        # controller=adaptive set, compared across the trainer ranks.
+        if self.cfg.runtime.check_replicas and (self.wrapper == "ddp" or self.p.controller):
+            digest = params_digest(self.p.built.policy) if self.wrapper == "ddp" else None
+            mine = (digest, controlled_knobs(self.p))
+            every = [None] * self.T
+            dist.all_gather_object(every, mine, group=self.group)
+            check_replicas_agree(every, version)
             self.replica_checks += 1
         led = self.p.ledger
         if self.publish_cost and led.samples_trained:  # what modelled generation is timed by
@@ -258,13 +288,18 @@ class TrainerRank:
         dist.all_gather_object(states, dataclasses.asdict(self.p.ledger), group=self.group)
         return merged_ledger(self.p.ledger, states)
 
-    def _gather(self, obj: Any) -> list | None:
+    def gather(self, obj: Any) -> list | None:
         out = [None] * self.T if self.lead else None
         dist.gather_object(obj, out, dst=0, group=self.group)
         return out
 
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def gather_step(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        every = self._gather((record, buffer_views(self.p.buffer)))
+        every = self.gather((record, buffer_views(self.p.buffer)))
         if not self.lead:
             return None
         return {"ranks": [e[0] for e in every], "buffers": [v for e in every for v in e[1]]}
@@ -309,11 +344,13 @@ class TrainerRank:
         return self.p.evaluator, self.p.evaluator.model
 
     def _load_source(self, state: dict) -> None:
-        """This rank's rollouts received from each generator, and the newest batch index seen
-        (the generators restart at the snapshot's next batch)."""
+        """This rank's rollouts received from each generator, the newest batch index seen
+        (the generators restart at the snapshot's next batch) and its controller's state."""
         T, rank = self.T, self.rank
         self.received = {g: int(state["received"][rank][g - T]) for g in self.generators}
         self.newest = {g: int(state["next_batch"][g - T]) - 1 for g in self.generators}
+        if self.p.controller is not None:  # controller=adaptive: this rank's own state
+            self.p.controller.load_state_dict(state["controller"][rank])
 
     def save(self, step: int, **evals: Any) -> None:
         with self.paused():
@@ -327,7 +364,9 @@ class TrainerRank:
         mine = {"buffer": self.p.buffer.state_dict(), "ledger": self.p.ledger.state_dict(),
                 "received": {g - T: n for g, n in self.received.items()},
                 "newest": {g - T: j for g, j in self.newest.items()}}  # fmt: skip
-        every = self._gather(mine)
+        if self.p.controller is not None:  # each rank's own (its open window is its own)
+            mine["controller"] = self.p.controller.state_dict()
+        every = self.gather(mine)
         if self.stopping:  # the weights of this step were not made current (a collective)
             self.weights = full_state(self.p.model, self.wrapper)
         opt = optimizer_state(self.p.model, self.p.optimizer, self.wrapper)
@@ -337,6 +376,8 @@ class TrainerRank:
             "received": {t: every[t]["received"] for t in range(T)},
             "next_batch": {w: max(e["newest"][w] for e in every) + 1 for w in range(self.W)},
         }
+        if self.p.controller is not None:
+            source["controller"] = [e["controller"] for e in every]
         values = {
             "policy": self.weights, "optimizer": opt,
             "buffers": [e["buffer"] for e in every], "ledgers": [e["ledger"] for e in every],
@@ -358,7 +399,7 @@ class TrainerRank:
             time.sleep(0.002)
         if dead and not self.stopping:
             log.error("generator rank(s) %s died after the last step; the run is complete", dead)
-        every = self._gather(
+        every = self.gather(
             (buffer_views(self.p.buffer), self.received, dict(self.inbox.done), dead)
         )
         if not self.lead:

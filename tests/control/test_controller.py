@@ -23,6 +23,14 @@ START = ["controller=adaptive", "controller.every=2", "buffer.capacity=64",
          "schedule.max_steps=null", "schedule.max_compute=100", "compute.mu=3.0"]  # fmt: skip
 
 
+# The one process's collective (runtime/inprocess.py: InProcess.gather / broadcast): the lead
+# alone, nothing to agree with.
+ONE = SimpleNamespace(gather=lambda obj: [obj], broadcast=lambda obj: obj)
+# The async node of one trainer and one generator at mu 3: R = B W / (mu T) = 64 / 3 = 21.3
+# rollouts a step, scored as 24 (3 whole groups of 8).
+ASYNC = ["schedule=async", "schedule.trainers=1", "schedule.workers=1", "schedule.gpus=null"]
+
+
 def build(*extra: str) -> tuple[Controller, object, torch.optim.Optimizer, Ledger]:
     cfg, d = resolve(compose([*START, *extra]))
     buffer = make_buffer(cfg.buffer, capacity=d.max_capacity, max_prompt_len=d.max_prompt_len,
@@ -58,14 +66,14 @@ def test_guard_decisions_set_the_buffer_optimizer_and_arrivals():
     assert (ctl.knobs.rollouts_per_step, ctl.knobs.capacity, buffer.capacity) == (64, 64, 64)
     # Steps 0, 1 calm -> version 2: calm (1 of 2), hold. Between decisions: None.
     step(ctl, 0)
-    assert ctl.decide(1, led) is None
+    assert ctl.decide(1, led, ONE) is None
     step(ctl, 1)
-    row = ctl.decide(2, led)
+    row = ctl.decide(2, led, ONE)
     assert row["controller/action"] == 0.0 and row["controller/rollouts_per_step"] == 64.0
     # Steps 2, 3 calm -> version 4: calm for 2 windows, one rung up: R = 32, N = 256.
     step(ctl, 2)
     step(ctl, 3)
-    row = ctl.decide(4, led)
+    row = ctl.decide(4, led, ONE)
     assert row["controller/action"] == 1.0
     assert (row["controller/rollouts_per_step"], row["controller/capacity"]) == (32.0, 256.0)
     assert (row["controller/reuse_ratio"], row["controller/horizon"]) == (2.0, 8.0)
@@ -77,7 +85,7 @@ def test_guard_decisions_set_the_buffer_optimizer_and_arrivals():
     # Steps 4, 5 at R = 32 with kl 0.08 > 0.05 -> version 6: breach, back to (64, 64).
     step(ctl, 4, kl=0.08, fresh=32)
     step(ctl, 5, kl=0.08, fresh=32)
-    row = ctl.decide(6, led)
+    row = ctl.decide(6, led, ONE)
     assert row["controller/action"] == -1.0 and row["controller/breach/kl"] == 1.0
     assert row["controller/in/kl"] == pytest.approx(0.08)
     assert buffer.capacity == 64 and ctl.groups_before(6) == 32 + 8
@@ -88,7 +96,7 @@ def test_the_lr_knob_scales_by_the_window_ess():
     base_lr = opt.param_groups[0]["lr"]
     step(ctl, 0, ess=0.7)
     step(ctl, 1, ess=0.5)
-    ctl.decide(2, led)
+    ctl.decide(2, led, ONE)
     # window ESS (0.7 + 0.5) / 2 = 0.6 -> lr x 0.6 (ess 0.6 >= ess_min: no breach)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.6 * base_lr)
     assert ctl.metrics()["controller/lr_scale"] == pytest.approx(0.6)
@@ -117,13 +125,13 @@ def test_a_state_mid_window_continues_to_the_same_decisions():
     a, _, _, led = build()
     for s in range(3):
         step(a, s)
-    a.decide(2, led)  # (steps 0, 1) then step 2 is in the open window
+    a.decide(2, led, ONE)  # (steps 0, 1) then step 2 is in the open window
     b, buffer_b, _, _ = build()
     b.load_state_dict(a.state_dict())
     assert buffer_b.capacity == b.knobs.capacity
     for ctl in (a, b):
         step(ctl, 3, grad=1.5)
-    ra, rb = a.decide(4, led), b.decide(4, led)
+    ra, rb = a.decide(4, led, ONE), b.decide(4, led, ONE)
     assert ra == rb and ra["controller/rollouts_per_step"] == 32.0
     assert a.state_dict()["guard"] == b.state_dict()["guard"]
 
@@ -133,7 +141,7 @@ def test_the_model_policy_probes_from_an_all_fresh_start():
     step(ctl, 0)
     step(ctl, 1)
     ctl.window.rows = [(torch.zeros(64, dtype=torch.long).numpy(), torch.zeros(64).numpy())] * 2
-    row = ctl.decide(2, led)
+    row = ctl.decide(2, led, ONE)
     # every row is fresh (age 0): no alpha; one rung up to (32, 256)
     assert math.isnan(row["controller/in/alpha"]) and row["controller/in/aged_rows"] == 0.0
     assert (ctl.knobs.rollouts_per_step, ctl.knobs.capacity) == (32, 256)
@@ -148,7 +156,7 @@ def test_the_lag_rule_sets_the_lr_from_the_trained_rows_lag():
     # lr x (1 + 768 / 256)^-1/2 = 0.5 (the ESS, 0.6, is not this rule's signal)
     step(ctl, 0, ess=0.7, rows=(np.array([0, 1536]), np.zeros(2)))
     step(ctl, 1, ess=0.5, rows=(np.array([768, 768]), np.zeros(2)))
-    row = ctl.decide(2, led)
+    row = ctl.decide(2, led, ONE)
     assert row["controller/in/lag"] == pytest.approx(768.0)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * base_lr)
     assert row["controller/lr_scale"] == pytest.approx(0.5)
@@ -175,7 +183,7 @@ def test_the_model_policy_keeps_reading_and_moves_back_down():
     designs = []
     for s, k in zip((0, 2, 4), (1.5, 1.5, 5.0), strict=True):
         aged_window(ctl, s, k)
-        ctl.decide(s + 2, led)
+        ctl.decide(s + 2, led, ONE)
         designs.append((ctl.knobs.capacity, ctl.knobs.rollouts_per_step))
     # low alpha: up to (4096, 40); the same again: hold; a high alpha: back down to on-policy
     assert designs == [(4096, 40), (4096, 40), (64, 64)]
@@ -212,7 +220,7 @@ def test_hysteresis_stops_the_flapping(extra, want, held):
     designs = []
     for i, k in enumerate((1.5, 1.5, 2.0, 1.5, 2.0) if extra else (1.5, 2.0, 1.5, 2.0, 1.5)):
         aged_window(ctl, 2 * i, k)
-        ctl.decide(2 * i + 2, led)
+        ctl.decide(2 * i + 2, led, ONE)
         designs.append((ctl.knobs.capacity, ctl.knobs.rollouts_per_step))
     assert designs == want
     assert ctl.metrics()["controller/held"] == float(held)
@@ -221,17 +229,26 @@ def test_hysteresis_stops_the_flapping(extra, want, held):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["runtime=distributed", "schedule=async", "schedule.trainers=1", "schedule.workers=1",
-          "schedule.gpus=null"],
-         "controller=adaptive sets R and N each K steps; under runtime=distributed R is what "
-         "the generator ranks deliver, which it cannot set: use runtime=inprocess (or "
-         "controller=fixed)"),
-        (["schedule=async", "schedule.trainers=1", "schedule.workers=1", "schedule.gpus=null"],
-         "controller=adaptive sets R and N each K steps; under schedule=async R emerges from W, "
-         "T and mu: use schedule=sync (or controller=fixed)"),
+        (["runtime=distributed", *ASYNC],
+         "controller.knobs=['reuse', 'capacity'] holds reuse, but under schedule=async R is "
+         "what the generator ranks deliver: list only capacity and/or lr (or use "
+         "schedule=sync)"),
+        ([*ASYNC, "controller.knobs=[lr,reuse]"],
+         "controller.knobs=['lr', 'reuse'] holds reuse, but under schedule=async R is what W, "
+         "T and mu set: list only capacity and/or lr (or use schedule=sync)"),
+        (["runtime=distributed", *ASYNC[:1], "schedule.trainers=2", "schedule.workers=1",
+          "schedule.gpus=null", "buffer.shards=2", "controller.knobs=[capacity]",
+          "buffer=max_age", "buffer.capacity=64"],
+         "controller=adaptive resizes one FIFO a trainer: use buffer=fifo with buffer.shards=2 "
+         "(given buffer=max_age, buffer.shards=2)"),
         (["buffer=on_policy", "buffer.capacity=null"],
-         "controller=adaptive sets R and N each K steps; it resizes one FIFO: use buffer=fifo "
-         "with buffer.shards=1 (given buffer=on_policy, buffer.shards=1)"),
+         "controller=adaptive resizes one FIFO a trainer: use buffer=fifo with buffer.shards=1 "
+         "(given buffer=on_policy, buffer.shards=1)"),
+        # mu 12 with one generator per trainer: R = 64 / 12 = 5.3 < G = 8 a step
+        ([*ASYNC, "controller.knobs=[capacity]", "controller.policy=model", "compute.mu=12"],
+         "controller.policy=model scores an async split as the sync design at R in whole "
+         "groups, but schedule.workers=1 and trainers=1 at compute.mu=12 bring R=5.33 < "
+         "algo.group_size=8 a step"),
         (["controller.knobs=[reuse,speed]"],
          "controller.knobs=['reuse', 'speed']: list some of ['reuse', 'capacity', 'lr'], each "
          "once"),
@@ -266,9 +283,9 @@ def test_hysteresis_stops_the_flapping(extra, want, held):
         (["controller.policy=model", "controller.model.persist=0"],
          "controller.model.persist=0 must be > 0"),
     ],
-    ids=["distributed", "async", "on_policy", "knobs", "policy", "model_budget",
-         "model_noise", "r_min", "n_max_b", "n_max_start", "r_min_start", "guard", "lr_min",
-         "lr_rule", "lr_lag_scale", "min_gain", "persist"],
+    ids=["distributed", "async", "distributed_fifo", "on_policy", "async_model_r", "knobs",
+         "policy", "model_budget", "model_noise", "r_min", "n_max_b", "n_max_start",
+         "r_min_start", "guard", "lr_min", "lr_rule", "lr_lag_scale", "min_gain", "persist"],
 )  # fmt: skip
 def test_resolve_refuses_what_the_controller_cannot_set(extra, message):
     with pytest.raises(ConfigError) as e:
@@ -281,3 +298,40 @@ def test_fixed_takes_no_controller_key():
         resolve(compose(["++controller.every=5"]))
     cfg, d = resolve(compose([]))
     assert cfg.controller.policy is None and d.max_capacity is None
+
+
+def test_under_async_it_sets_n_and_lr_and_the_schedule_keeps_r():
+    # One trainer, one generator, mu 3: R = 21.3 a step, scored as 24; each step costs
+    # gamma = (1 + W/T) / (1 + mu) = 2 / 4 = 0.5 units, so 100 units are 200 steps, as for the
+    # same run without a controller.
+    extra = [*ASYNC, "controller.knobs=[capacity,lr]", "controller.guard.patience=1"]
+    ctl, buffer, opt, led = build(*extra)
+    fixed_cfg, fixed = resolve(compose([s for s in START if "controller" not in s] + ASYNC))
+    assert ctl.max_steps == fixed.total_steps == 200
+    assert not ctl.sets_arrivals and ctl.knobs.rollouts_per_step == 24
+    # calm steps 0, 1 -> one rung up: N 64 -> 256 (x capacity_growth 4), R stays
+    step(ctl, 0, fresh=16)
+    step(ctl, 1, fresh=24)
+    row = ctl.decide(2, led, ONE)
+    assert (ctl.knobs.rollouts_per_step, ctl.knobs.capacity, buffer.capacity) == (24, 256, 256)
+    assert row["controller/action"] == 1.0 and ctl.spent == pytest.approx(2 * 0.5)
+    # the budget is the fixed step count, whatever R the generators bring
+    assert not ctl.last(199, led) and ctl.last(200, led)
+
+
+def test_windows_of_several_ranks_pool_their_signals():
+    # two trainer ranks over steps 0, 1: kl 0.1, 0.3 on rank 0 and 0.5, NaN on rank 1 -> the
+    # mean of the finite three, 0.3; the lag over all rows: (0 + 2 + 4) / 3 = 2
+    from replay_exp.control.signals import Window
+
+    ranks = []
+    for kls, lags in (([0.1, 0.3], [0, 2]), ([0.5, math.nan], [4])):
+        w = Window()
+        for s, kl in enumerate(kls):
+            rows = {"lag": lags if s == 0 else [], "logw": [0.0] * (len(lags) if s == 0 else 0)}
+            w.add(s, {"approx_kl": kl, "control_rows": rows}, 1.0, 0.5)
+        ranks.append(w)
+    summary = Window.merged(ranks).summary()
+    assert summary["steps"] == 2.0  # the steps, not steps x ranks
+    assert summary["kl"] == pytest.approx(0.3) and summary["lag"] == pytest.approx(2.0)
+    assert Window.merged(ranks[:1]) is ranks[0]

@@ -144,3 +144,34 @@ def test_a_controlled_run_resumes_bitwise_at_the_default_thread_count(
     proc = _launch(command(killed), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert without_wall_clock(read_metrics(killed / "metrics.jsonl")) == want
+
+
+def test_under_the_async_schedule_it_sets_n_and_lr_and_resumes_bitwise(fast, tmp_path):
+    """schedule=async in process (one generator, one trainer at mu 1: R = B = 16 a step, each
+    step 2 / 2 = 1 unit): the controller owns N and the lr; R and the step count (12 units: 12
+    steps) are the schedule's. Two runs agree, N moves, and a kill after a snapshot resumes to
+    the same metrics."""
+    extra = ["schedule=async", "schedule.trainers=1", "schedule.workers=1", "schedule.gpus=null",
+             "compute.mu=1.0", "controller=adaptive", "controller.every=2",
+             "controller.knobs=[capacity,lr]", "controller.guard.patience=1",
+             "buffer.capacity=16", "schedule.max_steps=null", "schedule.max_compute=12",
+             "checkpoint.every=2", "eval.every=4"]  # fmt: skip
+    full, again, killed = tmp_path / "full", tmp_path / "again", tmp_path / "killed"
+
+    def command(run_dir):
+        return [sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={run_dir}", *extra]
+
+    for run_dir in (full, again):
+        proc = _launch(command(run_dir), tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    want = without_wall_clock(read_metrics(full / "metrics.jsonl"))
+    assert without_wall_clock(read_metrics(again / "metrics.jsonl")) == want
+    knobs = [r for r in want if "controller/rung" in r]
+    assert len({r["controller/capacity"] for r in knobs}) > 1
+    assert {r["controller/rollouts_per_step"] for r in knobs} == {16.0}
+    assert want[-1]["step"] == 12
+    _kill_after_snapshot_past(command(killed), tmp_path, killed, step=2)
+    assert "controller" in load_latest(killed / "checkpoints").states["source"]
+    proc = _launch(command(killed), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert without_wall_clock(read_metrics(killed / "metrics.jsonl")) == want

