@@ -148,11 +148,9 @@ def _snapshots(run_dir) -> list[int]:
     return [int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*")]
 
 
-@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
-def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
-    """(fsdp: the optimizer's sharded state goes through a full state dict and back.)"""
-    run_dir = tmp_path / "run"
-    cmd = _command(fast, run_dir, 2, f"runtime.wrapper={wrapper}")
+def _kill_the_job_past_step_4(cmd, tmp_path, run_dir) -> None:
+    """Start ``cmd``; SIGKILL the whole job (supervisor and every rank) once a snapshot past
+    step 4 is committed; it must not have finished."""
     with open(tmp_path / "killed.log", "w") as out:
         proc = subprocess.Popen(
             cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -160,9 +158,17 @@ def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
     try:
         _wait_for(lambda: any(s >= 8 for s in _snapshots(run_dir)), proc, "a snapshot past 4")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole job: supervisor and every rank
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_sigkill_of_the_job_resumes_and_finishes(fast, tmp_path, wrapper):
+    """(fsdp: the optimizer's sharded state goes through a full state dict and back.)"""
+    run_dir = tmp_path / "run"
+    cmd = _command(fast, run_dir, 2, f"runtime.wrapper={wrapper}")
+    _kill_the_job_past_step_4(cmd, tmp_path, run_dir)
     # The one snapshot layout of both runtimes (tests/test_resume.py): every trainer's shard
     # and ledger; as the source's state, where each generator goes on and what each trainer
     # received from it.
@@ -214,16 +220,7 @@ def test_the_controller_sets_every_trainer_rank_alike_and_resumes(fast, tmp_path
     cmd = _command(fast, run_dir, 2, "buffer=fifo", "buffer.capacity=32", "controller=adaptive",
                    "controller.every=2", "controller.knobs=[capacity,lr]",
                    "controller.guard.patience=1")  # fmt: skip
-    with open(tmp_path / "killed.log", "w") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        _wait_for(lambda: any(s >= 8 for s in _snapshots(run_dir)), proc, "a snapshot past 4")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
+    _kill_the_job_past_step_4(cmd, tmp_path, run_dir)
     states = load_latest(run_dir / "checkpoints").states["source"]["controller"]
     assert len(states) == 2 and states[0]["knobs"] == states[1]["knobs"]
     run = _run(cmd, tmp_path)
