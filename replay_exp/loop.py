@@ -43,6 +43,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from replay_exp.buffer import as_spec, make_buffer
 from replay_exp.buffer.replay import collect_stats, collect_telemetry
 from replay_exp.checkpoint import atomic_write_text
+from replay_exp.compute.costmodel import as_schedule
 from replay_exp.compute.ledger import Ledger, attention_width, flop_params, sequence_lengths
 from replay_exp.config.derive import Derived
 from replay_exp.config.errors import RunStopped
@@ -148,6 +149,7 @@ def build_parts(
     controller = make_controller(cfg, d, buffer, optimizer)
     ledger = Ledger(
         mu=cfg.compute.mu,
+        mu_schedule=as_schedule(cfg.compute.mu_schedule),
         batch_size=cfg.schedule.batch_size,
         units_per_step=d.paper_units_per_step if cfg.schedule.name == "async" else None,
         n_params=flop_params(policy),

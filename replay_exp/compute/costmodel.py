@@ -9,6 +9,12 @@ trainers. A training step on B samples takes B/T of a trainer's time, during whi
 workers generate ``(W / mu) (B / T)`` rollouts; the step costs the whole node for that time,
 ``B (1 + W/T)`` units, i.e. gamma = (1 + W/T) / (1 + mu) paper units, and the first-order reuse
 ratio is B / R = mu T / W.
+
+A generation cost that changes during a run (``compute.mu_schedule``: from ``u`` paper units
+on, a rollout costs ``mu'``) keeps one currency: paper units stay normalised by the reference
+``compute.mu`` (an on-policy step at the first cost is 1), and each step is charged what its
+generation costs at the mu in force when it starts (:func:`mu_in_force`), so an on-policy step
+after a change to mu' costs (1 + mu') / (1 + mu).
 """
 
 from __future__ import annotations
@@ -24,6 +30,53 @@ def paper_units(units: float, mu: float, batch_size: int) -> float:
     """Sample units in the paper's units: ``units / (B (1 + mu))``, so that an on-policy step
     (training on B, generating B) is 1."""
     return units / (batch_size * (1 + mu))
+
+
+def as_schedule(schedule) -> tuple[tuple[float, float], ...] | None:
+    """``compute.mu_schedule`` (a list of [from units, mu] pairs, or null) as a tuple of float
+    pairs (None when there is none), what the ledger and the controller hold."""
+    if not schedule:
+        return None
+    return tuple((float(u), float(m)) for u, m in schedule)
+
+
+def mu_in_force(mu: float, schedule, units: float) -> float:
+    """The generation cost of a step that starts ``units`` paper units into the run: ``mu``
+    (``compute.mu``) before the first pair of ``schedule`` (``compute.mu_schedule``: (from
+    units, mu) pairs, increasing; None or empty: ``mu`` throughout), then the latest pair's
+    whose units are reached (to 1e-9)."""
+    for start, m in schedule or ():
+        if units < start - 1e-9:
+            break
+        mu = m
+    return float(mu)
+
+
+def scheduled_step_units(batch_size: int, rollouts: float, mu: float, schedule,
+                         units: float) -> float:  # fmt: skip
+    """Paper units of a synchronous step that trains on B and generates ``rollouts`` when it
+    starts ``units`` into the run: (B + mu_t R) / (B (1 + mu)), mu_t = :func:`mu_in_force`."""
+    mu_t = mu_in_force(mu, schedule, units)
+    return paper_units(sample_units(batch_size, rollouts, mu_t), mu, batch_size)
+
+
+def scheduled_steps(batch_size: int, rollouts: float, mu: float, schedule,
+                    budget: float) -> int:  # fmt: skip
+    """Synchronous steps of ``rollouts`` fresh rollouts each that ``budget`` paper units buy
+    when the generation cost follows ``schedule``: each step charged
+    :func:`scheduled_step_units` at the units spent before it, counted step by step as the
+    ledger and the controller count them.
+
+    Hand-checked: B = 64, R = 16, mu = 2, schedule [[3, 17.6]], budget 6: the steps cost
+    (64 + 2 x 16) / 192 = 0.5 while under 3 units (6 steps reach 3.0), then
+    (64 + 17.6 x 16) / 192 = 1.8; 3 + 1.8 = 4.8 <= 6 and 6.6 > 6: 7 steps."""
+    spent, steps = 0.0, 0
+    while True:
+        cost = scheduled_step_units(batch_size, rollouts, mu, schedule, spent)
+        if spent + cost > budget * (1 + 1e-9):
+            return steps
+        spent += cost
+        steps += 1
 
 
 def workers_of(gpus: int, trainers: int) -> int:

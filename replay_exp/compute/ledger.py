@@ -7,6 +7,9 @@
    emulation every step is charged gamma = (1 + W/T) / (1 + mu) exactly, the cost of the whole
    node for one trainer step (``units_per_step``). ``compute.mu`` is taken
    from the config (the paper measured 6.84 for Qwen3-0.6B and 5.28 for Qwen2.5-7B on GPUs).
+   Under ``compute.mu_schedule`` a step's generation is charged at the mu in force when it
+   starts (``costmodel.mu_in_force`` at the budget's count of the steps before it,
+   :meth:`Ledger.budget_units`), still normalised by the reference ``compute.mu``.
 2. Analytic FLOPs: forward = 2 N T + 2 L d T^2 for a sequence of T real tokens (N = parameters
    that do matmul work per token: everything but the input embedding, plus the tied output
    head; the attention term counts QK^T and AV under a causal mask). Generation with a KV
@@ -68,12 +71,14 @@ class Ledger:
     n_layers: int
     hidden: int  # the attention width (attention_width: heads x head_dim)
     units_per_step: float | None = None  # fixed paper units per step (async: gamma)
+    mu_schedule: tuple | None = None  # compute.mu_schedule: (from units, mu) pairs
     steps: int = 0
     rollouts: int = 0  # unique rollouts generated
     samples_trained: int = 0  # rollouts trained on, repeats included
     gen_tokens: int = 0  # completion tokens generated
     train_tokens: int = 0  # completion tokens trained on (loss tokens)
     sample_units: float = 0.0  # sum of (B_t + mu R_t)
+    gen_units: float = 0.0  # its generation part, sum of mu_t R_t (mu_t: the mu in force)
     paper_units: float = 0.0  # sample_units / (B (1 + mu))
     flops_gen: float = 0.0
     flops_train: float = 0.0
@@ -90,7 +95,9 @@ class Ledger:
         """``lengths``: prompt + completion real tokens per generated rollout."""
         self.rollouts += len(lengths)
         self.gen_tokens += gen_tokens
-        self.sample_units += costmodel.sample_units(0, len(lengths), self.mu)
+        units = costmodel.sample_units(0, len(lengths), self.mu_now())
+        self.sample_units += units
+        self.gen_units += units
         self.flops_gen += forward_flops(self.n_params, self.n_layers, self.hidden, lengths)
         self.seconds_gen += seconds
         self._normalise()
@@ -110,6 +117,19 @@ class Ledger:
         self.extra_forwards += extra_forwards
         self.seconds_train += seconds
         self._normalise()
+
+    def budget_units(self) -> float:
+        """The steps so far as the budget counts them (``derive_steps``, the controller's
+        ``spent``): B trained a step, whatever the buffer held, plus the generation charged,
+        in paper units."""
+        return costmodel.paper_units(self.batch_size * self.steps + self.gen_units, self.mu,
+                                     self.batch_size)  # fmt: skip
+
+    def mu_now(self) -> float:
+        """The generation cost in force for the next step (``compute.mu`` without a schedule)."""
+        if not self.mu_schedule:
+            return self.mu
+        return costmodel.mu_in_force(self.mu, self.mu_schedule, self.budget_units())
 
     def add_eval(self, seconds: float) -> None:
         self.seconds_eval += seconds
@@ -155,7 +175,7 @@ class Ledger:
 
     def metrics(self) -> dict[str, float]:
         hidden = ("mu", "batch_size", "n_params", "n_layers", "hidden", "units_per_step",
-                  "reward_gen_sum", "pass_gen_sum", "reward_train_sum",
+                  "mu_schedule", "gen_units", "reward_gen_sum", "pass_gen_sum", "reward_train_sum",
                   "pass_train_sum")  # fmt: skip
         out = {k: v for k, v in asdict(self).items() if k not in hidden}
         out["flops"] = self.flops_gen + self.flops_train
@@ -163,6 +183,8 @@ class Ledger:
         mu = self.measured_mu()
         if mu is not None:
             out["measured_mu"] = mu
+        if self.mu_schedule:
+            out["mu"] = self.mu_now()  # compute/mu: the cost charged from here on
         return out
 
     def state_dict(self) -> dict:

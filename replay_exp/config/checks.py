@@ -303,6 +303,35 @@ def check_schedule(cfg: DictConfig) -> None:
         fail(f"schedule.sync_lag={s.sync_lag} must be >= 0")
     if cfg.compute.mu < 0:
         fail(f"compute.mu={cfg.compute.mu} must be >= 0")
+    check_mu_schedule(cfg)
+
+
+def check_mu_schedule(cfg: DictConfig) -> None:
+    """``compute.mu_schedule``: (from paper units, mu) pairs, the units positive and
+    increasing, each mu >= 0; under ``schedule=sync`` only (the async emulation's arrival rate
+    and the generator ranks' modelled cost take one mu)."""
+    sched = cfg.compute.mu_schedule
+    if sched is None:
+        return
+    plain = OmegaConf.to_container(sched) if OmegaConf.is_config(sched) else sched
+    given = f"compute.mu_schedule={plain}".replace(" ", "")
+    pairs = plain if isinstance(plain, list) else None
+    if pairs is None or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        fail(f"{given} must be a list of [from_units, mu] pairs, e.g. '[[1500,17.6]]'")
+    try:
+        units = [float(p[0]) for p in pairs]
+        mus = [float(p[1]) for p in pairs]
+    except (TypeError, ValueError):
+        fail(f"{given}: every pair must be two numbers [from_units, mu]")
+    if any(u <= 0 for u in units) or any(b <= a for a, b in zip(units, units[1:], strict=False)):
+        fail(f"{given}: the from_units must be positive and increasing")
+    if any(m < 0 for m in mus):
+        fail(f"{given}: every mu must be >= 0")
+    if cfg.schedule.name != "sync":
+        fail(
+            f"{given} needs schedule=sync (given schedule={cfg.schedule.name}: the emulated "
+            "arrivals and the generator ranks' modelled cost take one compute.mu)"
+        )
 
 
 def check_buffer(cfg: DictConfig) -> None:

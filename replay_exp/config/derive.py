@@ -87,10 +87,11 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     N = derive_capacity(cfg.buffer, s, arrivals, G)
     units = units_per_step(s, arrivals.R, mu)
     max_prompt_len, max_new = probe_inputs(cfg)
-    steps = derive_steps(s, arrivals.R, units)
+    sched = cfg.compute.mu_schedule  # sync only (checks.check_mu_schedule)
+    steps = derive_steps(s, arrivals.R, units, cost=(mu, sched))
     max_capacity = None
     if cfg.controller.policy is not None:
-        steps, max_capacity = derive_controlled(cfg.controller, s, G, mu, arrivals.R, N)
+        steps, max_capacity = derive_controlled(cfg.controller, s, G, mu, arrivals.R, N, sched)
     device = cfg.device
     if device == "auto":
         import torch
@@ -289,13 +290,15 @@ def units_per_step(s: Any, R: float, mu: float) -> float:
     return costmodel.paper_units(costmodel.sample_units(s.batch_size, R, mu), mu, s.batch_size)
 
 
-def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int) -> tuple[int, int]:
+def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int,
+                      schedule: Any = None) -> tuple[int, int]:  # fmt: skip
     """(the most steps the budget can buy, the largest N) of a run under ``controller=adaptive``,
     which may set R down to ``controller.min_rollouts_per_step`` (null: G; under async R is
     not its knob and the step count is the fixed run's) and N up to
     ``controller.max_capacity`` (null: every rollout the budget can generate, the most at R =
-    B). The run stops when its budget is spent (``Controller.last``); the step count is a
-    bound."""
+    B), at the generation cost of ``compute.mu`` and ``schedule`` (``compute.mu_schedule``).
+    The run stops when its budget is spent (``Controller.last``); the step count is a bound."""
+    cost = (mu, schedule)
     R_min = c.min_rollouts_per_step or G
     if s.name == "async":  # R emerges (W, T, mu): the fixed run's step count
         if c.policy == "model" and R0 < G:
@@ -311,11 +314,11 @@ def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int) -> 
             f"schedule.rollouts_per_step={R0:g}, where the controller starts"
         )
     else:
-        steps = derive_steps(s, R_min, units_per_step(s, R_min, mu))
+        steps = derive_steps(s, R_min, units_per_step(s, R_min, mu), cost)
     N_max = c.max_capacity
     if N_max is None:
         B = s.batch_size
-        N_max = max(N0, derive_steps(s, B, units_per_step(s, B, mu)) * B)
+        N_max = max(N0, derive_steps(s, B, units_per_step(s, B, mu), cost) * B)
     if N_max < N0:
         fail(
             f"controller.max_capacity={N_max} is below the run's own buffer.capacity={N0}, "
@@ -324,9 +327,11 @@ def derive_controlled(c: Any, s: Any, G: int, mu: float, R0: float, N0: int) -> 
     return steps, int(N_max)
 
 
-def derive_steps(s: Any, R: float, units: float) -> int:
+def derive_steps(s: Any, R: float, units: float, cost: tuple | None = None) -> int:
     """Training steps from the one budget given: steps, generated rollouts (whole steps of R)
-    or compute (whole steps of ``units``)."""
+    or compute (whole steps of ``units``; with a generation cost that changes, ``cost`` =
+    (``compute.mu``, ``compute.mu_schedule``), whole steps of what each costs when it starts:
+    ``costmodel.scheduled_steps``)."""
     budgets = {k: s[k] for k in ("max_steps", "max_rollouts", "max_compute") if s[k] is not None}
     if len(budgets) != 1:
         given = ", ".join(f"schedule.{k}={v}" for k, v in budgets.items()) or "none"
@@ -340,6 +345,8 @@ def derive_steps(s: Any, R: float, units: float) -> int:
         steps = int(value)
     elif kind == "max_rollouts":
         steps = int(math.floor(value / R + 1e-9))
+    elif cost is not None and cost[1]:
+        steps = costmodel.scheduled_steps(s.batch_size, R, cost[0], cost[1], value)
     else:
         steps = int(math.floor(value / units + 1e-9))
     if steps < 1:

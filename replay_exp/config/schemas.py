@@ -443,6 +443,7 @@ class AdaptiveControllerConfig(ControllerConfig):
 @dataclass
 class ComputeConfig:
     mu: float = MISSING
+    mu_schedule: Any = None  # [[from paper units, mu], ...] or null
 
 
 @dataclass

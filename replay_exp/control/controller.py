@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay_exp.compute import costmodel
 from replay_exp.config.seeding import derive_seed
 from replay_exp.control import guard
 from replay_exp.control import model as model_policy
@@ -46,7 +47,6 @@ from replay_exp.control.hysteresis import HysteresisState, gate
 from replay_exp.control.ladder import Knobs, Ladder
 from replay_exp.control.lr import lr_scale
 from replay_exp.control.signals import Window
-from replay_exp.theory.design import units_per_step
 
 log = logging.getLogger("replay_exp")
 
@@ -59,6 +59,7 @@ class Controller:
         c, s = cfg.controller, cfg.schedule
         self.c, self.s, self.seed = c, s, cfg.seed
         self.B, self.G, self.mu = s.batch_size, cfg.algo.group_size, cfg.compute.mu
+        self.mu_schedule = costmodel.as_schedule(cfg.compute.mu_schedule)  # sync only
         self.base_lr = cfg.algo.lr
         self.max_steps = d.total_steps  # the bound resolve() derived at the cheapest step
         # schedule=sync: it sets R (the arrivals); async: R emerges (whole groups, as scored)
@@ -153,6 +154,7 @@ class Controller:
             "action": float(action),
             **{f"in/{k}": v for k, v in summary.items()},
             "in/budget_left": self.budget_left(led),
+            "in/mu": self.mu_now(),  # the generation cost it decided at
             "in/measured_mu": led.metrics().get("measured_mu", math.nan),
             **inputs,
         }
@@ -176,9 +178,17 @@ class Controller:
         return self.spent + self.step_units(R) > s.max_compute * (1 + 1e-9)
 
     def step_units(self, R: int) -> float:
-        """A step's nominal paper units at R: (B + mu R) / (B (1 + mu)) under sync, the
-        split's fixed gamma under async."""
-        return units_per_step(self.B, R, self.mu) if self.sets_arrivals else self.async_units
+        """The next step's nominal paper units at R: (B + mu_t R) / (B (1 + mu)) under sync
+        (mu_t: the cost in force, :meth:`mu_now`), the split's fixed gamma under async."""
+        if not self.sets_arrivals:
+            return self.async_units
+        return costmodel.scheduled_step_units(self.B, R, self.mu, self.mu_schedule, self.spent)
+
+    def mu_now(self) -> float:
+        """The generation cost in force for the next step (``compute.mu_schedule`` at the
+        units spent; ``compute.mu`` without one): what the design model scores with, as a
+        controller on a real node would read it from the generators' timing."""
+        return costmodel.mu_in_force(self.mu, self.mu_schedule, self.spent)
 
     def budget_left(self, led: Any) -> float:
         """What is left of the budget, in its own unit (compute: nominal units, above)."""
@@ -223,8 +233,12 @@ class Controller:
             self.rung = up
             R, N = self.ladder.rungs[up]
             return (N, R), f"probe: {aged} aged rows < {m.min_aged_rows}: one rung up", inputs
+        # The budget in on-policy steps at the cost in force (the same sample units): what
+        # the design model's candidates are bounded by.
+        mu = self.mu_now()
+        budget = self.s.max_compute * (1 + self.mu) / (1 + mu)
         target, identified, reason, gain = model_policy.pick_design(
-            current, self.B, self.G, self.mu, self.s.max_compute,
+            current, self.B, self.G, mu, budget,
             model_policy.load_rho(m.noise), alpha, lo, hi, m.model, self.R_min, self.N_max,
             fixed_R=not self.sets_arrivals,
         )  # fmt: skip

@@ -13,8 +13,9 @@ from replay_exp.compute.ledger import Ledger
 
 # Ledger fields that add up over trainer ranks (the rest: steps and the fixed sizes).
 ADDITIVE = ("rollouts", "samples_trained", "gen_tokens", "train_tokens", "sample_units",
-            "flops_gen", "flops_train", "seconds_gen", "seconds_train", "extra_forwards",
-            "reward_gen_sum", "pass_gen_sum", "reward_train_sum", "pass_train_sum")  # fmt: skip
+            "gen_units", "flops_gen", "flops_train", "seconds_gen", "seconds_train",
+            "extra_forwards", "reward_gen_sum", "pass_gen_sum", "reward_train_sum",
+            "pass_train_sum")  # fmt: skip
 
 
 def buffer_views(buffer) -> list[BufferView]:

@@ -335,3 +335,23 @@ def test_windows_of_several_ranks_pool_their_signals():
     assert summary["steps"] == 2.0  # the steps, not steps x ranks
     assert summary["kl"] == pytest.approx(0.3) and summary["lag"] == pytest.approx(2.0)
     assert Window.merged(ranks[:1]) is ranks[0]
+
+
+def test_the_controller_reads_the_cost_in_force():
+    # START of test_controller: on-policy (R = N = B = 64) at mu 3, 100 units; from 2 units on
+    # mu = 9: an on-policy step then costs (64 + 9 x 64) / (64 x 4) = 2.5 units.
+    ctl, _, _, led = build("compute.mu_schedule=[[2,9.0]]")
+    assert ctl.mu_now() == 3.0 and ctl.step_units(64) == 1.0
+    step(ctl, 0)
+    step(ctl, 1)
+    assert ctl.spent == 2.0 and ctl.mu_now() == 9.0 and ctl.step_units(64) == 2.5
+    # At R = 8: (64 + 72) / 256 = 0.53125.
+    assert ctl.step_units(8) == 0.53125
+    row = ctl.decide(2, led, ONE)
+    assert row["controller/in/mu"] == 9.0
+    assert row["controller/in/budget_left"] == 98.0
+    # The budget rule: 97.5 units spent would leave room for one step of 2.5, not two.
+    ctl.spent = 97.5
+    assert not ctl.last(3, led)
+    ctl.spent = 97.6
+    assert ctl.last(3, led)
