@@ -211,7 +211,7 @@ def train(cfg: DictConfig, d: Derived, run_dir: Path, p: Parts, rt: Runtime) -> 
             # generator ranks delivered; the async ones may bring nothing at some steps.
             arrivals = rt.take(step, wait=len(p.buffer) == 0)
             add_arrivals(p, arrivals, step)
-            while rt.can_wait and must_wait(cfg.buffer, p.buffer, step):
+            while rt.can_wait and must_wait(cfg.buffer, p.buffer, step, arrivals, rt.whole_step):
                 more = rt.take(step, wait=True)  # blocks for a generator's next delivery
                 if not more:  # a generator died: stop_now tells every trainer
                     break
@@ -352,11 +352,15 @@ def interval_composition(now: dict[str, float], before: dict[str, Any]) -> dict[
     return out
 
 
-def must_wait(bcfg, buffer, step: int) -> bool:
+def must_wait(bcfg, buffer, step: int, arrivals=(), whole_step: int = 0) -> bool:
     """Whether a trainer that can block for arrivals (``runtime=distributed``) must, before
-    step ``step``: its buffer is empty, or (``buffer.staleness_policy=wait``) it holds no
-    rollout within ``buffer.max_staleness`` versions of the step."""
+    step ``step``: its buffer is empty, the step's ``arrivals`` hold fewer than
+    ``whole_step`` rollouts (``runtime.lockstep``: the step's whole share), or
+    (``buffer.staleness_policy=wait``) it holds no rollout within ``buffer.max_staleness``
+    versions of the step."""
     if len(buffer) == 0:
+        return True
+    if whole_step and sum(len(a.batch.reward_B) for a in arrivals) < whole_step:
         return True
     if bcfg.staleness_policy != "wait":
         return False

@@ -42,7 +42,7 @@ from replay_exp.rundir import (
 )
 from replay_exp.runlog import LOG_FILES, in_multirun
 from replay_exp.runtime.inprocess import InProcess
-from replay_exp.runtime.launch import RankFailed, join_slurm, run_distributed, slurm_rank
+from replay_exp.runtime.launch import RankFailed, join_job, run_distributed, task_rank
 from replay_exp.runtime.process import set_up_process
 
 log = logging.getLogger("replay_exp")
@@ -127,9 +127,9 @@ def _run_locked(
 def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         resolved, derived = resolve(cfg)
-        if resolved.runtime.name == "distributed" and (slurm_rank() or (0,))[0] > 0:
-            # A SLURM task other than 0 of a distributed run: task 0 prepares run_dir.
-            return join_slurm(resolved, derived, Path(resolved.run_dir))
+        if resolved.runtime.name == "distributed" and (task_rank() or (0,))[0] > 0:
+            # A rank other than 0 the job started (SLURM, torchrun): rank 0 prepares run_dir.
+            return join_job(resolved, derived, Path(resolved.run_dir))
         with warnings.catch_warnings():  # run() logs skipped snapshots; errors name them
             warnings.simplefilter("ignore", SnapshotWarning)
             start = prepare_run_dir(resolved, derived)
@@ -139,6 +139,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         kind = "config error" if isinstance(e, ConfigError) else "resume error"
         print(f"{kind}: {e}", file=sys.stderr)
         sys.exit(2)
+    except (RankFailed, RunStopped) as e:  # a rank other than 0: one line
+        print(f"runtime error: {e}", file=sys.stderr)
+        sys.exit(1)
     try:
         return run(resolved, derived, start.run_dir, start)
     except RunDirBusy as e:  # taken by another process between the check and the lock

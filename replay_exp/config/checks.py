@@ -394,6 +394,8 @@ def check_distributed(cfg: DictConfig) -> None:
     if r.groups_per_batch is not None:
         positive("runtime.groups_per_batch", r.groups_per_batch)
     positive("runtime.max_in_flight", r.max_in_flight)
+    if r.lockstep:
+        check_lockstep(cfg)
     if r.generation_cost not in ("measured", "modelled"):
         fail(f"runtime.generation_cost={r.generation_cost} is unknown; choose measured or modelled")
     if r.cost_model.length_sigma < 0:
@@ -406,6 +408,30 @@ def check_distributed(cfg: DictConfig) -> None:
         fail(
             f"runtime.cost_model.load_cost={r.cost_model.load_cost:g} models a GPU node's weight "
             "load and needs runtime.generation_cost=modelled (it is measured)"
+        )
+
+
+def check_lockstep(cfg: DictConfig) -> None:
+    """``runtime.lockstep``: a push after every step, each step's batch in whole generator
+    calls and whole prompt groups per trainer."""
+    r, s, G = cfg.runtime, cfg.schedule, cfg.algo.group_size
+    if s.sync_every != 1:
+        fail(
+            f"runtime.lockstep=true generates every step's rollouts with its own weights, "
+            f"which needs a push after every step: set schedule.sync_every=1 (given {s.sync_every})"
+        )
+    if s.batch_size % (G * s.trainers):
+        fail(
+            f"runtime.lockstep=true needs whole prompt groups for each trainer: "
+            f"schedule.batch_size={s.batch_size} is not a multiple of algo.group_size={G} x "
+            f"schedule.trainers={s.trainers}"
+        )
+    P = r.groups_per_batch or max(1, s.batch_size // (G * s.trainers))
+    if s.batch_size % (P * G):
+        fail(
+            f"runtime.lockstep=true needs a step's batch in whole generator calls: "
+            f"schedule.batch_size={s.batch_size} is not a multiple of runtime.groups_per_batch="
+            f"{P} x algo.group_size={G}"
         )
 
 

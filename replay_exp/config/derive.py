@@ -68,6 +68,8 @@ class Derived:
     # controller=adaptive: the most rollouts its buffer may hold (the store's capacity; it
     # starts at ``capacity``); null without a controller.
     max_capacity: int | None = None
+    # runtime.lockstep: each step trains on its own B rollouts (R = B, a step costs 1 unit).
+    lockstep: bool = False
 
 
 def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
@@ -81,11 +83,15 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
     check_options(cfg)
     check_values(cfg)
     s, B, G, mu = cfg.schedule, cfg.schedule.batch_size, cfg.algo.group_size, cfg.compute.mu
+    lockstep = cfg.runtime.name == "distributed" and bool(cfg.runtime.lockstep)
     arrivals = derive_rollouts(s, G, mu)
+    if lockstep:  # every step brings its own batch, generated with its weights: R = B, y = 1
+        arrivals = arrivals._replace(R=B, R_max=B)
     if s.name == "async":
         s.workers = arrivals.workers  # saved with the run: the split it trained with
     N = derive_capacity(cfg.buffer, s, arrivals, G)
-    units = units_per_step(s, arrivals.R, mu)
+    # a lockstep step is a synchronous on-policy one (the node's sides take turns): 1 unit
+    units = 1.0 if lockstep else units_per_step(s, arrivals.R, mu)
     max_prompt_len, max_new = probe_inputs(cfg)
     sched = cfg.compute.mu_schedule  # sync only (checks.check_mu_schedule)
     steps = derive_steps(s, arrivals.R, units, cost=(mu, sched))
@@ -117,6 +123,7 @@ def resolve(cfg: DictConfig) -> tuple[DictConfig, Derived]:
         trainers=arrivals.trainers,
         **rank_sizes(cfg, B, N, threads),
         max_capacity=max_capacity,
+        lockstep=lockstep,
     )
     return cfg, derived
 

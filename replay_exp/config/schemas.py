@@ -207,6 +207,7 @@ class DistributedRuntimeConfig(RuntimeConfig):
     wrapper: str = MISSING  # ddp | fsdp
     groups_per_batch: int | None = MISSING  # prompt groups per generation call; null: B/(G T)
     max_in_flight: int = MISSING  # rollout messages a generator may have unreceived per trainer
+    lockstep: bool = MISSING  # each step's own rollouts, at its own weights (reproducible)
     heartbeat_timeout_s: float = MISSING  # a silent generator is declared dead after this
     rendezvous_timeout_s: float = MISSING  # ranks wait this long for each other at start
     check_replicas: bool = MISSING  # compare the trainers' weights (ddp), knobs each step
@@ -443,7 +444,7 @@ class AdaptiveControllerConfig(ControllerConfig):
 @dataclass
 class ComputeConfig:
     mu: float = MISSING
-    mu_schedule: Any = None  # [[from paper units, mu], ...] or null
+    mu_schedule: Any = MISSING  # [[from paper units, mu], ...] or null
 
 
 @dataclass

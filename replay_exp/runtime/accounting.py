@@ -65,8 +65,9 @@ def runtime_metrics(
 ) -> dict[str, Any]:  # fmt: skip
     """Measured reuse y = samples trained / rollouts generated; under schedule=async the
     paper's estimate of mu from it, (K_train / T) / (K_inf / W) = y W / T, beside the first
-    order prediction mu T / W (``costmodel.first_order_reuse``); under sync the configured
-    y = B / R stands for the prediction and there is no mu estimate (NaN).
+    order prediction mu T / W (``costmodel.first_order_reuse``); under sync (and
+    ``runtime.lockstep``, whose steps are synchronous) the configured y = B / R stands for the
+    prediction and there is no mu estimate (NaN).
 
     ``node_seconds`` (runtime=distributed; NaN in process): the node's own seconds so far,
     its wall-clock less the evaluations and snapshots it stood still for. Then
@@ -76,7 +77,7 @@ def runtime_metrics(
     nan = float("nan")
     y = led.samples_trained / led.rollouts if led.rollouts else nan
     W, T = d.workers, d.trainers
-    asynchronous = W is not None and T is not None
+    asynchronous = W is not None and T is not None and not getattr(d, "lockstep", False)
     t = led.seconds_train / led.samples_trained if led.samples_trained else nan
     node_time = node_seconds / t if node_seconds is not None and t > 0 else nan
     return {

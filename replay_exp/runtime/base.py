@@ -48,6 +48,9 @@ class Runtime(Protocol):
     # Whether ``take(step, wait=True)`` blocks for deliveries (the generator ranks of
     # runtime=distributed); in process the arrivals of a step are fixed, nothing to wait for.
     can_wait: bool
+    # ``runtime.lockstep``: the rollouts each step must bring before it trains (a trainer
+    # rank's B / T, every one generated with the step's own weights); 0: whatever arrived.
+    whole_step: int
 
     def take(self, step: int, wait: bool) -> list[Arrival]:
         """The rollouts that arrived for ``step`` (``wait``: the buffer is empty, so return

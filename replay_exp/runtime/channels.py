@@ -28,7 +28,12 @@ peer. Channels are one-directional and ordered per pair of ranks and tag.
 
 Liveness: a dead peer is invisible until one waits on it, so each generator runs a heartbeat
 thread bumping ``heartbeat/<rank>`` in the store (:class:`Heartbeat`); trainers read it every
-step (:class:`HeartbeatMonitor`).
+step (:class:`HeartbeatMonitor`). A process that dies closes its connections (gloo fails at
+once: connection reset); a host that goes away does not, and a receive of a message announced
+just before would wait for the group's timeout (``runtime.rendezvous_timeout_s``, minutes:
+seen on the emulated hosts of scripts/two_hosts.sh with a link cut). So the trainers' waits
+on a generator's bytes are bounded by ``wait_s`` (``runtime.heartbeat_timeout_s``, the time
+after which a silent generator is dead anyway): past it the generator joins ``broken``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -103,30 +109,34 @@ class RolloutSender:
 class RolloutReceiver:
     """A trainer's incoming rollout messages from every generator."""
 
-    def __init__(self, store: dist.Store, links, rank: int, generators: list[int], first: int):
-        """``generators``: their global ranks; generator index = rank - ``first``."""
+    def __init__(self, store: dist.Store, links, rank: int, generators: list[int], first: int,
+                 wait_s: float | None = None):  # fmt: skip
+        """``generators``: their global ranks; generator index = rank - ``first``;
+        ``wait_s``: the longest wait on an announced message's bytes (None: the group's)."""
         self.store, self.links, self.rank, self.first = store, links, rank, first
+        self.wait = () if wait_s is None else (timedelta(seconds=wait_s),)
         self.taken = dict.fromkeys(generators, 0)  # messages received from each
         self.done: dict[int, int] = {}  # generator -> rollouts it says it sent here
         self.broken: set[int] = set()  # generators whose connection failed mid-message
 
     def poll(self) -> list[tuple[int, dict]]:
         """Every announced message, as (generator rank, payload). A generator that dies while
-        sending one (gloo: connection reset) joins ``broken``; its partial message is lost."""
+        sending one (gloo: connection reset), or whose bytes do not come within ``wait_s`` (a
+        lost host), joins ``broken``; its partial message is lost."""
         out = []
         for g in self.open:
             announced = self.store.add(f"msgs/{g - self.first}/{self.rank}", 0)
             try:
                 while self.taken[g] < announced and g not in self.done:
                     header = torch.zeros(2, dtype=torch.long)
-                    self.links.recv([header], g, TAG_HEADER).wait()
+                    self.links.recv([header], g, TAG_HEADER).wait(*self.wait)
                     kind, n = (int(x) for x in header)
                     if kind == DONE:
                         self.taken[g] += 1
                         self.done[g] = n
                         break
                     payload = torch.empty(n, dtype=torch.uint8)
-                    self.links.recv([payload], g, TAG_PAYLOAD).wait()
+                    self.links.recv([payload], g, TAG_PAYLOAD).wait(*self.wait)
                     self.taken[g] += 1
                     out.append((g, unpack(payload)))
             except RuntimeError:
@@ -142,8 +152,10 @@ class RolloutReceiver:
 class WeightPusher:
     """Trainer rank 0's weight pushes to the generators (global ranks ``first``...)."""
 
-    def __init__(self, store: dist.Store, links, generators: list[int], first: int):
+    def __init__(self, store: dist.Store, links, generators: list[int], first: int,
+                 wait_s: float | None = None):  # fmt: skip
         self.store, self.links, self.first = store, links, first
+        self.wait = () if wait_s is None else (timedelta(seconds=wait_s),)
         self.pending: dict[int, list[tuple[Any, torch.Tensor]]] = {g: [] for g in generators}
         self.count = dict.fromkeys(generators, 0)  # pushes sent to each (STOP included)
         self.pushed = 0
@@ -155,12 +167,12 @@ class WeightPusher:
         it joins ``gone`` and gets nothing more)."""
         try:
             for w, _ in self.pending[g]:
-                w.wait()  # taken already (or about to be: the generator counted it)
+                w.wait(*self.wait)  # taken already (or about to be: the generator counted it)
             header = torch.tensor([version], dtype=torch.long)
             works = [(self.links.send([header], g, TAG_VERSION), header)]
             if flat is not None:
                 works.append((self.links.send([flat], g, TAG_WEIGHTS), flat))
-        except RuntimeError:  # gloo: "Connection closed by peer"
+        except RuntimeError:  # gloo: "Connection closed by peer", or a wait past wait_s
             self.gone.add(g)
             return False
         self.pending[g] = works

@@ -102,7 +102,8 @@ class GeneratorRank:
                          "weight_load_seconds": 0.0, "engine_checks": 0,
                          "engine_logp_absdiff_max": 0.0, "engine_logp_absdiff_mean": 0.0,
                          "engine_versions_checked": 0, "modelled_units": 0.0,
-                         "modelled_per_sample": 0.0, "paused_seconds": 0.0}  # fmt: skip
+                         "modelled_per_sample": 0.0, "paused_seconds": 0.0,
+                         "lockstep_wait_seconds": 0.0}  # fmt: skip
         self.checked: set[int] = set()  # versions whose engine log-probs were checked
         self.absdiff_sum = 0.0  # of the checked calls' mean |engine - pushed weights| log-prob
         rc = cfg.runtime
@@ -114,9 +115,17 @@ class GeneratorRank:
 
     def take_weights(self) -> bool:
         """Load the newest weights trainer rank 0 pushed, if any (between calls, never
-        mid-generation); False once the trainers say stop."""
+        mid-generation); under ``runtime.lockstep`` first wait for the push of the version the
+        next call is for (:meth:`lockstep_version`). False once the trainers say stop."""
         policy, c = self.built.policy, self.counters
-        news, t_load, loaded = self.weights.poll(), time.perf_counter(), False
+        need = self.lockstep_version()
+        t_wait = time.perf_counter()
+        news = self.weights.poll()
+        while news is None and need is not None and self.engine.version < need:
+            time.sleep(0.002)  # the trainers are still on the step before
+            news = self.weights.poll()
+        t_load, loaded = time.perf_counter(), False
+        c["lockstep_wait_seconds"] += t_load - t_wait
         while news is not None:  # the newest push wins
             new_version, flat = news
             if new_version == STOP:
@@ -126,6 +135,9 @@ class GeneratorRank:
             c["weight_updates"] += 1
             loaded = True
             news = self.weights.poll()
+            while news is None and need is not None and self.engine.version < need:
+                time.sleep(0.002)
+                news = self.weights.poll()
         if loaded and self.modelled and self.load_cost > 0:  # a GPU node's weight load, once
             # per take (gencost.py): pushes that arrive during the pause wait for the next
             # call, as they would on a node (pausing per push would livelock once a load
@@ -136,6 +148,19 @@ class GeneratorRank:
             c["weight_loads"] += 1
             c["weight_load_seconds"] += time.perf_counter() - t_load
         return news is None or news[0] != STOP
+
+    def lockstep_version(self) -> int | None:
+        """Under ``runtime.lockstep``, the version the next call must generate with: the
+        step it feeds, call c = j W + w of ``calls_per_step`` = B / (P G) a step, feeds step
+        c // calls_per_step, whose weights are that version (pushed after every step);
+        None otherwise."""
+        if not self.cfg.runtime.lockstep:
+            return None
+        d = self.d
+        calls_per_step = self.cfg.schedule.batch_size // (
+            d.groups_per_batch * self.cfg.algo.group_size
+        )
+        return (self.j * d.workers + self.w) // calls_per_step
 
     def generate_and_send(self) -> None:
         """Batch ``j``: its prompt groups generated (``runtime.base.generate_groups``), the

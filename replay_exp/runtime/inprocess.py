@@ -52,7 +52,7 @@ class InProcess:
         self.syncs, self.t_start = 0, time.perf_counter()
         self.snapshots = RunSnapshots(run_dir, cfg.checkpoint.keep, LOG_FILES)
         self.resumed = None
-        self.can_wait = False
+        self.can_wait, self.whole_step = False, 0
         if snapshot is not None:
             p = parts
             state = self.snapshots.restore(

@@ -1,4 +1,5 @@
-"""Starting the W + T ranks: a local spawn, or the tasks of one SLURM job.
+"""Starting the W + T ranks: a local spawn, or one process per rank started by the job (the
+tasks of a SLURM job step, or any launcher that sets torchrun's variables).
 
 - Locally (``run_distributed`` called by the trainer's entrypoint, which holds the run's
   lock and has prepared ``run_dir``), this process hosts the rendezvous store, starts W + T
@@ -7,7 +8,17 @@
   that fails stops them all. The run resumes from its newest snapshot when relaunched.
 - Under SLURM (``launcher=slurm hydra.launcher.tasks_per_node=<W+T>``), submitit runs the
   trainer's entrypoint once per task; task 0 takes the lock, prepares ``run_dir`` and hosts
-  the store, every task is the rank given by ``SLURM_PROCID``.
+  the store, every task is the rank given by ``SLURM_PROCID``; the store is on the first node
+  of the step's node list, at a port from the job id.
+- Started by hand or by another launcher, one process per rank on any hosts that share the
+  run's filesystem: torchrun's contract, ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` (the host
+  of rank 0, which hosts the store) and ``MASTER_PORT`` (``torchrun --nnodes 2 --node-rank i
+  --nproc-per-node n --master-addr A --master-port P -m replay_exp.train ...`` sets them, as
+  does ``scripts/two_hosts.sh`` for the emulated hosts of the multinode tests). Rank 0 plays
+  task 0. SLURM's variables win when both are set.
+
+Across hosts, gloo binds the address the host's name resolves to, or the interface named by
+``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME`` for NCCL); docs/runtime.md, "More than one host".
 
 The store carries the start (the snapshot to resume from, if any) and the generators'
 heartbeats; the process group (gloo) carries rollouts and weights; the trainers' own group
@@ -17,6 +28,7 @@ heartbeats; the process group (gloo) carries rollouts and weights; the trainers'
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import multiprocessing
@@ -51,12 +63,83 @@ class RankFailed(RuntimeError):
     and how to go on (relaunch: the run resumes from its newest snapshot)."""
 
 
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def slurm_rank() -> tuple[int, int] | None:
     """(rank, world size) inside a SLURM job step with several tasks, else None."""
     n = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     if n <= 1 or "SLURM_PROCID" not in os.environ:
         return None
     return int(os.environ["SLURM_PROCID"]), n
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) of a process started under torchrun's contract (every one of
+    ``TORCHRUN_VARS`` set, a world of several), else None."""
+    if not all(os.environ.get(k) for k in TORCHRUN_VARS):
+        return None
+    n = int(os.environ["WORLD_SIZE"])
+    return (int(os.environ["RANK"]), n) if n > 1 else None
+
+
+def task_rank() -> tuple[int, int] | None:
+    """(rank, world size) of a process the job started as one of its ranks (SLURM's task,
+    else torchrun's contract), or None: this process spawns the ranks itself."""
+    return slurm_rank() or torchrun_rank()
+
+
+def task_address() -> tuple[str, int]:
+    """Where rank 0 hosts the store: SLURM's first node and a port from the job id, else
+    ``MASTER_ADDR``:``MASTER_PORT``."""
+    if slurm_rank() is None:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return slurm_address()
+
+
+def local_rank(rank: int) -> int:
+    """This rank's index among the ranks of its host (its GPU): ``SLURM_LOCALID``, torchrun's
+    ``LOCAL_RANK``, else the rank."""
+    return int(os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", rank)))
+
+
+def interface_problem(master: str) -> str | None:
+    """Why the ranks on other hosts could not reach this rank's gloo connections, or None.
+
+    Without ``GLOO_SOCKET_IFNAME`` gloo binds the address this host's name resolves to, and
+    the loopback when that fails; a job whose store (``master``, rank 0's host) is not on the
+    loopback spans hosts, and a loopback address there hangs the peers until their timeout
+    (seen on the emulated hosts of scripts/two_hosts.sh). Checked before the rendezvous."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(master)).is_loopback:
+            return None  # every rank on this host
+    except OSError:
+        return None  # the store's own connection error names it
+    name = socket.gethostname()
+    try:
+        mine = socket.gethostbyname(name)
+    except OSError:
+        mine = None
+    if mine is not None and not ipaddress.ip_address(mine).is_loopback:
+        return None
+    return (
+        f"this host's name {name!r} resolves to {mine or 'no address'}, so gloo would bind the "
+        f"loopback and the ranks on other hosts (the store is on {master}) could not connect: "
+        "set GLOO_SOCKET_IFNAME to the interface of the network the hosts share (and "
+        "NCCL_SOCKET_IFNAME under runtime.backend=nccl), or make the name resolve to its address"
+    )
+
+
+def task_store(cfg, master: bool) -> dist.TCPStore:
+    """The rendezvous store of a rank the job started: hosted by rank 0 (``master``), joined
+    by the others; refused in one line first where gloo could not reach this host."""
+    host, port = task_address()
+    problem = interface_problem(host)
+    if problem:
+        raise RankFailed(problem)
+    return _store(host, port, master, cfg.runtime.rendezvous_timeout_s)
 
 
 def slurm_address() -> tuple[str, int]:
@@ -88,29 +171,30 @@ def run_distributed(cfg, d, run_dir: Path, snapshot) -> dict:
     """Run ``cfg`` as W + T ranks writing into ``run_dir`` (prepared, locked by the caller);
     ``snapshot``: the Snapshot to resume from, or None. Returns the run's summary."""
     snapshot_path = None if snapshot is None else str(snapshot.path)
-    slurm = slurm_rank()
-    if slurm is not None:
-        rank, world = slurm
+    task = task_rank()
+    if task is not None:
+        rank, world = task
         if world != world_size(d):
+            how = ("SLURM tasks", "set hydra.launcher.tasks_per_node") if slurm_rank() else (
+                "ranks (WORLD_SIZE)", "start WORLD_SIZE")  # fmt: skip
             raise RuntimeError(
-                f"runtime=distributed needs W + T = {world_size(d)} SLURM tasks, the job has "
-                f"{world} (set hydra.launcher.tasks_per_node={world_size(d)})"
+                f"runtime=distributed needs W + T = {world_size(d)} {how[0]}, the job has "
+                f"{world} ({how[1]}={world_size(d)})"
             )
-        host, port = slurm_address()
-        store = _store(host, port, True, cfg.runtime.rendezvous_timeout_s)
+        store = task_store(cfg, master=True)
         store.set(START_KEY, json.dumps({"snapshot": snapshot_path}))
         return run_rank(cfg, d, run_dir, rank, world, store)
     return spawn_local(cfg, d, run_dir, snapshot_path)
 
 
-def join_slurm(cfg, d, run_dir: Path) -> dict | None:
-    """A SLURM task other than 0: wait for task 0's start, then run this rank."""
+def join_job(cfg, d, run_dir: Path) -> dict | None:
+    """A rank other than 0 started by the job (a SLURM task, a torchrun process): wait for
+    rank 0's start, then run this rank."""
     summary = run_dir / "summary.json"
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
         return None  # task 0 reports it
-    rank, world = slurm_rank()
-    host, port = slurm_address()
-    store = _store(host, port, False, cfg.runtime.rendezvous_timeout_s)
+    rank, world = task_rank()
+    store = task_store(cfg, master=False)
     return run_rank(cfg, d, run_dir, rank, world, store)
 
 
@@ -207,7 +291,7 @@ def run_rank(cfg, d, run_dir: Path, rank: int, world: int, store) -> dict | None
     T = d.trainers
     timeout = timedelta(seconds=cfg.runtime.rendezvous_timeout_s)
     if d.device.startswith("cuda"):
-        local = int(os.environ.get("SLURM_LOCALID", rank)) % max(1, torch.cuda.device_count())
+        local = local_rank(rank) % max(1, torch.cuda.device_count())
         d = dataclasses.replace(d, device=f"cuda:{local}")
         torch.cuda.set_device(local)
     set_up_process(d.rank_threads, cfg.deterministic)  # threads: config.rank_sizes

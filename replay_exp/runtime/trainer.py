@@ -194,8 +194,9 @@ class TrainerRank:
         self.wait_seconds, self.replica_checks, self.dead, self.stopping = 0.0, 0, [], False
         # The node's own seconds before this launch, and those it stood still in this one.
         self.node_before, self.paused_seconds, self.pause_start = 0.0, 0.0, None
-        self.resumed = None
+        self.resumed, self.pushes_before = None, (0, 0)
         self.can_wait = True
+        self.whole_step = d.batch_per_trainer if cfg.runtime.lockstep else 0
         # Every rank restores its parts from the snapshot; rank 0 alone writes them.
         self.snapshots = RunSnapshots(run_dir, cfg.checkpoint.keep, LOG_FILES)
         if snap is not None:
@@ -208,13 +209,18 @@ class TrainerRank:
                 source=self._load_source,
             )  # fmt: skip
             self.replica_checks = int(state["runtime"]["replica_checks"])
+            # the pushes of the launches before (counted over the run, as the replica checks)
+            self.pushes_before = tuple(int(state["runtime"].get(k, 0))
+                                       for k in ("pushes", "pushes_skipped"))  # fmt: skip
             self.node_before = float(state["runtime"].get("node_seconds", 0.0))
             self.resumed = (snap.step, state["first_eval"], state["last_eval"])
         self.store = store
         self.publish_cost = self.lead and cfg.runtime.generation_cost == "modelled"
-        self.inbox = RolloutReceiver(store, links, rank, self.generators, first=T)
-        self.monitor = HeartbeatMonitor(store, self.generators, cfg.runtime.heartbeat_timeout_s)
-        self.pusher = WeightPusher(store, links, self.generators, first=T) if self.lead else None
+        beat = cfg.runtime.heartbeat_timeout_s  # also the longest wait on a generator's bytes
+        self.inbox = RolloutReceiver(store, links, rank, self.generators, first=T, wait_s=beat)
+        self.monitor = HeartbeatMonitor(store, self.generators, beat)
+        self.pusher = (WeightPusher(store, links, self.generators, first=T, wait_s=beat)
+                       if self.lead else None)  # fmt: skip
         self.keys = weight_keys(parts.built.policy.state_dict()) if self.lead else None
         self.sync = Every(cfg.schedule.sync_every)
         self.weights = full_state(parts.model, self.wrapper)  # of the current version (rank 0)
@@ -310,7 +316,8 @@ class TrainerRank:
         return {
             "policy/generator_version": self.pushed_version,
             **runtime_metrics(
-                led, self.d, pushes=self.pusher.pushed, skipped=self.pusher.skipped,
+                led, self.d, pushes=self.pushes_before[0] + self.pusher.pushed,
+                skipped=self.pushes_before[1] + self.pusher.skipped,
                 wait_seconds=self.wait_seconds, replica_checks=self.replica_checks,
                 wall=time.perf_counter() - self.t_start,
                 node_seconds=self.node_seconds(),
@@ -384,6 +391,9 @@ class TrainerRank:
             "source": source,
         }  # fmt: skip
         counters = {"replica_checks": self.replica_checks, "node_seconds": self.node_seconds()}
+        if self.lead:  # the pushes so far, every launch's
+            counters["pushes"] = self.pushes_before[0] + self.pusher.pushed
+            counters["pushes_skipped"] = self.pushes_before[1] + self.pusher.skipped
         self.snapshots.save(step, values, **evals, runtime=counters)
 
     def finish(self, final_step: int, add_arrivals) -> dict[str, Any]:

@@ -24,11 +24,14 @@ from replay_exp.runtime.launch import (
     RankFailed,
     _store,
     free_port,
-    join_slurm,
+    join_job,
+    local_rank,
     run_distributed,
     slurm_address,
     slurm_rank,
     spawn_local,
+    task_address,
+    task_rank,
 )
 
 DISTRIBUTED = [
@@ -36,12 +39,14 @@ DISTRIBUTED = [
     "schedule.trainers=1", "buffer.shards=1", "schedule.max_steps=2",
 ]  # fmt: skip
 SLURM_VARS = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID", "SLURM_STEP_NODELIST",
-              "SLURM_JOB_NODELIST")  # fmt: skip
+              "SLURM_JOB_NODELIST", "SLURM_LOCALID")  # fmt: skip
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 
 
 @pytest.fixture
 def no_slurm(monkeypatch):
-    for var in SLURM_VARS:
+    """No launcher's variables: neither SLURM's nor torchrun's."""
+    for var in (*SLURM_VARS, *TORCHRUN_VARS):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -101,6 +106,37 @@ def test_slurm_task_arithmetic(no_slurm):
     assert slurm_address() == ("127.0.0.1", 20000 + 123456 % 20000)  # no node list: this host
 
 
+def test_torchrun_rank_arithmetic(no_slurm):
+    env = {"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "host-b", "MASTER_PORT": "29511"}
+    for k, v in env.items():
+        assert task_rank() is None  # until every one of the four is set
+        no_slurm.setenv(k, v)
+    assert task_rank() == (2, 3) and task_address() == ("host-b", 29511)
+    assert local_rank(2) == 2  # no LOCAL_RANK: the rank
+    no_slurm.setenv("LOCAL_RANK", "0")
+    assert local_rank(2) == 0
+    no_slurm.setenv("WORLD_SIZE", "1")
+    assert task_rank() is None  # a world of one: this process spawns the ranks
+    # SLURM's variables win: a step of 2 tasks, this one task 1, its store from the job id.
+    no_slurm.setenv("WORLD_SIZE", "3")
+    no_slurm.setenv("SLURM_NTASKS", "2")
+    no_slurm.setenv("SLURM_PROCID", "1")
+    no_slurm.setenv("SLURM_JOB_ID", "7")
+    no_slurm.setenv("SLURM_LOCALID", "1")
+    assert task_rank() == (1, 2) and task_address() == ("127.0.0.1", 20007)
+    assert local_rank(1) == 1
+
+
+def test_a_torchrun_world_of_the_wrong_size_is_refused(no_slurm, tmp_path, fast):
+    cfg, d = resolve(compose([*fast, *DISTRIBUTED]))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29511"}.items():  # fmt: skip
+        no_slurm.setenv(k, v)
+    with pytest.raises(RuntimeError, match=r"needs W \+ T = 2 ranks \(WORLD_SIZE\), the job has "
+                       r"3 \(start WORLD_SIZE=2\)"):  # fmt: skip
+        run_distributed(cfg, d, tmp_path, None)
+
+
 def test_a_slurm_job_of_the_wrong_size_is_refused(no_slurm, tmp_path, fast):
     cfg, d = resolve(compose([*fast, *DISTRIBUTED]))
     no_slurm.setenv("SLURM_NTASKS", "3")
@@ -115,7 +151,7 @@ def test_a_slurm_task_of_a_finished_run_does_nothing(no_slurm, tmp_path, fast):
     (tmp_path / "summary.json").write_text(json.dumps({"status": "finished"}))
     no_slurm.setenv("SLURM_NTASKS", "2")
     no_slurm.setenv("SLURM_PROCID", "1")
-    assert join_slurm(cfg, d, tmp_path) is None  # task 0 reports it; no store is joined
+    assert join_job(cfg, d, tmp_path) is None  # task 0 reports it; no store is joined
 
 
 @pytest.mark.slow
