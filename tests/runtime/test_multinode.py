@@ -12,13 +12,20 @@ line and the job stops with a snapshot it resumes from; a trainer host that goes
 the job, and the relaunch resumes bit for bit; a host whose name resolves to no address is
 refused in one line before the rendezvous (gloo would bind the loopback and hang its peers).
 
-Needs root and ``ip netns`` (skipped otherwise, with the reason); marked ``multinode``.
+And SLURM over the two hosts (scripts/slurm_two_hosts.sh: slurmctld on host b, a slurmd on
+each): ``sinfo`` shows two nodes; a ``launcher=slurm`` distributed job with one task per node
+(trainer on one, generator on the other) equals the one-host run, bit for bit, under lockstep;
+a multirun's jobs run on both nodes.
+
+Needs root and ``ip netns`` (skipped otherwise, with the reason), and for the SLURM ones
+slurm-wlm and munge (scripts/slurm_up.sh installs them); marked ``multinode``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +40,7 @@ from replay_exp.rollout.synthetic import without_wall_clock
 from replay_exp.runlog import read_metrics
 
 HARNESS = Path(__file__).resolve().parents[2] / "scripts" / "two_hosts.sh"
+SLURM_TWO = HARNESS.parent / "slurm_two_hosts.sh"
 # Names of this session's own: two test sessions at once (CI in a clean clone beside a local
 # run) must not share namespaces or addresses.
 TAG = os.getpid() % 10000
@@ -239,3 +247,119 @@ def test_a_host_whose_name_resolves_to_nothing_is_refused_in_one_line(hosts, fas
     assert len(line) == 1 and "set GLOO_SOCKET_IFNAME" in line[0], proc.stderr[-2000:]
     assert f"this host's name {socket.gethostname()!r} resolves to no address" in line[0]
     assert time.monotonic() - t0 < 60  # before any rendezvous timeout
+
+
+# --- SLURM over the two hosts -------------------------------------------------------------
+
+
+def _slurm(*args, check=True, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SLURM_TWO), *args], env=ENV, capture_output=True, text=True,
+                          check=check, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def slurm_two(hosts):
+    missing = [b for b in ("slurmctld", "slurmd", "sinfo", "munged")
+               if not any(Path(d, b).exists() for d in ("/usr/sbin", "/usr/bin"))]  # fmt: skip
+    if missing:
+        pytest.skip(f"no {', '.join(missing)} (scripts/slurm_up.sh installs slurm-wlm, munge)")
+    up = _slurm("up", check=False)
+    assert up.returncode == 0, up.stderr[-3000:]
+    yield
+    _slurm("down", check=False)
+
+
+def _sweep(fast, tmp_path, *extra) -> list[str]:
+    return [
+        sys.executable, "-m", "replay_exp.train", "-m", "launcher=slurm",
+        "hydra.launcher.partition=two", "hydra.launcher.timeout_min=10",
+        "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", *fast,
+        f"output_root={tmp_path / 'out'}", "run_dir=${output_root}/job_${seed}", *extra,
+    ]  # fmt: skip
+
+
+def _task_hosts(tmp_path) -> list[str]:
+    """The host each task of each job started on (submitit's log of every task)."""
+    logs = sorted((tmp_path / "out" / ".submitit").glob("*/*/*_log.out"))
+    return [re.search(r"hostname=(host-[ab])", p.read_text()).group(1) for p in logs]
+
+
+def test_sinfo_shows_two_nodes_and_a_step_spans_them(slurm_two):
+    nodes = _slurm("exec", "b", "sinfo", "-h", "-N", "-o", "%N %T").stdout.split("\n")
+    assert sorted(x.split()[0] for x in nodes if x) == ["host-a", "host-b"]
+    ran = _slurm("exec", "b", "srun", "-N2", "-n2", "hostname").stdout.split()
+    assert sorted(ran) == ["host-a", "host-b"]
+
+
+def test_a_distributed_slurm_job_over_two_nodes_equals_the_one_host_run(slurm_two, fast,
+                                                                       tmp_path):  # fmt: skip
+    run = ["runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+           "schedule.trainers=1", f"schedule.max_steps={STEPS}", "eval.every=4",
+           "checkpoint.every=4", "logger.log_every=1", *LOCKSTEP, "seed=0"]  # fmt: skip
+    one = tmp_path / "one_host"
+    local = subprocess.run([sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={one}",
+                            *run], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    cmd = _sweep(fast, tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1",
+                 *run)  # fmt: skip
+    proc = subprocess.run([str(SLURM_TWO), "exec", "b", *cmd], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(_task_hosts(tmp_path)) == ["host-a", "host-b"]  # one task on each node
+    two = tmp_path / "out" / "job_0"
+    _check_finished(two, 1, steps=STEPS, first_order_reuse=1.0)
+    assert _metrics(two) == _metrics(one)
+
+
+def test_a_multirun_spreads_over_both_nodes(slurm_two, fast, tmp_path):
+    # One CPU a node and one a job: the two jobs run at once, one on each node.
+    cmd = _sweep(fast, tmp_path, "schedule.max_steps=6", "eval.every=3", "seed=0,1")
+    proc = subprocess.run([str(SLURM_TWO), "exec", "b", *cmd], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(_task_hosts(tmp_path)) == ["host-a", "host-b"]
+    for seed in (0, 1):
+        summary = json.loads((tmp_path / "out" / f"job_{seed}" / "summary.json").read_text())
+        assert summary["status"] == "finished" and summary["steps"] == 6
+
+
+def test_a_requeued_two_node_job_resumes_bitwise(slurm_two, fast, tmp_path):
+    """``scontrol requeue`` of the running two-node job once it has a snapshot past step 10:
+    SLURM kills both tasks and reruns the job on both nodes; it resumes from its newest
+    snapshot and, under lockstep, ends with the uninterrupted one-host run's metrics."""
+    steps = 800  # the kill (KillWait 5 s after SIGTERM) must land mid-run: ~30 ms a step
+    run = ["runtime=distributed", "schedule=async", "schedule.gpus=null", "schedule.workers=1",
+           "schedule.trainers=1", f"schedule.max_steps={steps}", "eval.every=200",
+           "checkpoint.every=10", *LOCKSTEP, "seed=0"]  # fmt: skip
+    one = tmp_path / "one_host"
+    local = subprocess.run([sys.executable, "-m", "replay_exp.train", *fast, f"run_dir={one}",
+                            *run], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    cmd = _sweep(fast, tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1",
+                 *run)  # fmt: skip
+    run_dir = tmp_path / "out" / "job_0"
+    with open(tmp_path / "sweep.log", "w") as out:
+        sweep = subprocess.Popen([str(SLURM_TWO), "exec", "b", *cmd], cwd=tmp_path, env=ENV,
+                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    job_id = None
+    try:
+        deadline = time.monotonic() + 300
+        while not any(s > 10 for s in _snapshots(run_dir)):
+            assert sweep.poll() is None, (tmp_path / "sweep.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no snapshot past step 10 within 300 s"
+            time.sleep(0.05)
+        logs = sorted((tmp_path / "out" / ".submitit").glob("*/*/*_log.out"))
+        job_id = logs[0].parent.name  # the submitit folder's %j: the SLURM job id
+        _slurm("exec", "b", "scontrol", "requeue", job_id)
+        assert sweep.wait(timeout=500) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+            if job_id is not None:
+                _slurm("exec", "b", "scancel", job_id, check=False)
+    log = (run_dir / "train.log").read_text()
+    assert re.search(r"resuming from \S+step_\d+ \(step \d+\)", log), log[-3000:]
+    assert _metrics(run_dir) == _metrics(one)  # every step once, bit for bit
