@@ -24,12 +24,33 @@ TELEMETRY = {
 }
 
 
+def save_png(fig, path: Path, dpi: int = 130) -> Path:
+    """``fig`` as a palette PNG of 256 colours at ``path`` (and closed): a line plot loses
+    nothing visible and takes a quarter of the bytes of matplotlib's RGBA file (257 kB -> 63
+    kB for a 16-curve figure), what keeps the committed study figures under the tree's cap."""
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    quantize_png(path)
+    return path
+
+
+def quantize_png(path: Path) -> None:
+    """Rewrite the PNG at ``path`` with a 256-colour palette (deterministic, lossless for
+    figures of fewer colours)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        rgb = im.convert("RGB")
+    rgb.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+
+
 def _save(fig, data: pd.DataFrame, path: Path) -> list[Path]:
     path = Path(path).with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_png(fig, path)
     csv = path.with_suffix(".csv")
     data.to_csv(csv, index=False)
     return [path, csv]

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from replay_exp.analysis.loader import Runs, load_runs
+from replay_exp.analysis.plots import save_png
 from replay_exp.analysis.stats import Arm, build_arms, compare
 
 
@@ -139,8 +140,7 @@ def plot_budget(table: pd.DataFrame, path: Path) -> Path:
     ax.set_title("gain over the last third of the budget (95 % CI)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
     return path
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from replay_exp.analysis.loader import load_runs
+from replay_exp.analysis.plots import save_png
 from replay_exp.analysis.report import baseline_label, best_over
 from replay_exp.analysis.stats import build_arms, compare, percentile_interval
 from replay_exp.runlog import read_metrics
@@ -219,8 +220,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax2.set(yscale="log", xlabel="rho", ylabel="y*", title="optimal reuse vs rho (tested y dotted)")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from replay_exp.analysis.loader import load_runs
+from replay_exp.analysis.plots import save_png
 from replay_exp.analysis.report import ReportError, baseline_label, is_baseline, pick_label
 from replay_exp.analysis.stats import build_arms, compare
 from replay_exp.theory.exact import relative_j, rho_interpolated
@@ -198,8 +199,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_png(fig, path, dpi=130)
 
 
 def main(argv: list[str] | None = None) -> None:
