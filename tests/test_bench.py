@@ -7,8 +7,9 @@ Each case runs ``python bench/<program>.py --smoke`` in a subprocess, in a tempo
 (its runs and any results file land there). Skipped cases say why:
 - ``vs_trl`` needs TRL, which only the ``bench`` extra installs (``pip install -e '.[bench]'``);
   the default install has no trl, so the case is skipped there;
-- the runtime=distributed benches (``async_runtime``, ``emergent_reuse``, ``generation_cost``)
-  need ``torch.distributed``;
+- the runtime=distributed benches (``async_runtime``, ``cross_host``, ``emergent_reuse``,
+  ``generation_cost``) need ``torch.distributed``; ``cross_host`` measures its second host only
+  as root with ``ip netns`` (it says SKIP otherwise), so it runs everywhere;
 - ``qwen3_width``'s smoke mode runs in tests/models/test_qwen3.py, which checks more of it;
 - ``sweep_throughput`` measures its SLURM launcher only when a SLURM cluster answers ``sinfo``
   (it says SKIP and measures the local launcher otherwise), so it runs everywhere.
@@ -46,6 +47,7 @@ CASES = {
     "buffer_scale": ([], "fifo/recency(tau=8)", []),
     "calibrate_testbed": ([], '{"all_pass":', []),
     "corrections_cost": (["--threads", "1"], "grpo proximal=recompute", []),
+    "cross_host": ([], "| hosts | steps/s | trainer wait ms/step |", [needs_dist]),
     "determinism_cost": (["--threads", "1"], "ratio now / before:", []),
     "embedded_default": ([], "median over 1 seeds:", []),
     "emergent_reuse": (["--out", "{tmp}/out"], "| launch | mu | (W,T) | variant |", [needs_dist]),
